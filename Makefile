@@ -1,0 +1,22 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PROFKIT := $(VENV)/bin/profkit
+
+.PHONY: setup demo test lint clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	@$(PY) recipes/demo.py
+
+test: setup
+	@$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+lint: setup
+	@$(VENV)/bin/ruff check profkit recipes tests benchmarks
+	@$(VENV)/bin/ruff format --check profkit recipes tests benchmarks
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -1,0 +1,62 @@
+"""Import Debian's bcc bindings from any interpreter, without the unrelated PyPI package `bcc`.
+
+python3-bpfcc installs pure-Python bindings over libbcc under the system dist-packages. A
+virtualenv does not see them, and adding the whole system dist-packages to sys.path would mix in
+every other system package, so only the `bcc` package directory is loaded, by path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SYSTEM_BCC_DIRS = (
+    Path("/usr/lib/python3/dist-packages/bcc"),
+    Path("/usr/local/lib/python3/dist-packages/bcc"),
+)
+
+
+class BccUnavailable(ImportError):
+    """bcc cannot be imported; the message says why and how to fix it."""
+
+
+def load_bcc() -> ModuleType:
+    if os.environ.get("PROFKIT_DISABLE_BCC"):
+        raise BccUnavailable("bcc disabled by PROFKIT_DISABLE_BCC")
+    existing = sys.modules.get("bcc")
+    if existing is not None and hasattr(existing, "BPF"):
+        return existing
+    for directory in SYSTEM_BCC_DIRS:
+        init = directory / "__init__.py"
+        if not init.exists():
+            continue
+        spec = importlib.util.spec_from_file_location(
+            "bcc", init, submodule_search_locations=[str(directory)]
+        )
+        if spec is None or spec.loader is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bcc"] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:  # libbcc missing or incompatible: say so, do not crash
+            sys.modules.pop("bcc", None)
+            raise BccUnavailable(f"bcc bindings at {directory} failed to load: {exc}") from exc
+        return module
+    try:
+        module = importlib.import_module("bcc")
+    except ImportError as exc:
+        raise BccUnavailable(
+            "bcc is not installed (apt-get install bpfcc-tools python3-bpfcc; "
+            "never `pip install bcc`, an unrelated package)"
+        ) from exc
+    if not hasattr(module, "BPF"):
+        raise BccUnavailable(
+            "the `bcc` module on the path is not the BPF Compiler Collection "
+            "(PyPI's `bcc` is unrelated: pip uninstall bcc)"
+        )
+    return module

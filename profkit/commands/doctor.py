@@ -1,0 +1,34 @@
+"""`profkit doctor`: every capability profkit uses, probed, with the reason and the fix."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..capabilities import run_checks
+from ..errors import EXIT_CAPABILITY, EXIT_OK
+from ..render.table import table
+from .options import json_option
+
+
+@click.command()
+@json_option
+def doctor(as_json: bool) -> int:
+    """Check what this machine lets profkit do (exit 7 if a core capability is missing)."""
+    checks = run_checks()
+    core_ok = all(c.passed for c in checks if c.core)
+    if as_json:
+        click.echo(
+            json.dumps({"core_ok": core_ok, "checks": [c.as_dict() for c in checks]}, indent=2)
+        )
+    else:
+        rows = [(c.name, c.status + ("*" if c.core else ""), c.detail) for c in checks]
+        click.echo(table(("capability", "status", "detail"), rows, (22, 12, 0), wrap_last=42))
+        fixes = [(c.name, c.fix) for c in checks if c.fix and not c.passed]
+        if fixes:
+            click.echo("\nto fix:")
+            for name, fix in fixes:
+                click.echo(f"  {name}: {fix}")
+        click.echo("\n* core capability" + ("" if core_ok else ": MISSING, profkit cannot attach"))
+    return EXIT_OK if core_ok else EXIT_CAPABILITY

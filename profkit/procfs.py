@@ -1,0 +1,104 @@
+"""Small, exact readers of /proc: the ground truth for threads, CPU time and identity."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class TaskStat:
+    """The fields of /proc/PID[/task/TID]/stat that profkit uses."""
+
+    tid: int
+    comm: str
+    state: str
+    utime_ticks: int
+    stime_ticks: int
+    num_threads: int
+    start_ticks: int
+    processor: int
+
+    @property
+    def cpu_seconds(self) -> float:
+        return (self.utime_ticks + self.stime_ticks) / CLOCK_TICKS
+
+
+def parse_stat(text: str) -> TaskStat:
+    # comm may hold spaces and parentheses, so split around the last ')'.
+    head, _, rest = text.rpartition(")")
+    tid_text, _, comm = head.partition(" (")
+    fields = rest.split()
+    # fields[0] is field 3 (state) of proc(5).
+    return TaskStat(
+        tid=int(tid_text),
+        comm=comm,
+        state=fields[0],
+        utime_ticks=int(fields[11]),
+        stime_ticks=int(fields[12]),
+        num_threads=int(fields[17]),
+        start_ticks=int(fields[19]),
+        processor=int(fields[36]) if len(fields) > 36 else -1,
+    )
+
+
+def task_dir(pid: int, tid: int | None = None) -> Path:
+    return PROC / str(pid) if tid is None else PROC / str(pid) / "task" / str(tid)
+
+
+def read_stat(pid: int, tid: int | None = None) -> TaskStat:
+    return parse_stat((task_dir(pid, tid) / "stat").read_text())
+
+
+def list_tids(pid: int) -> list[int]:
+    return sorted(int(name) for name in os.listdir(PROC / str(pid) / "task"))
+
+
+def read_status(pid: int, tid: int | None = None) -> dict[str, str]:
+    status: dict[str, str] = {}
+    for line in (task_dir(pid, tid) / "status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        status[key] = value.strip()
+    return status
+
+
+def read_cmdline(pid: int) -> tuple[str, ...]:
+    raw = (PROC / str(pid) / "cmdline").read_bytes()
+    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+def read_environ(pid: int) -> dict[str, str]:
+    """The target's environment at exec time; raises PermissionError when it is not ours."""
+    raw = (PROC / str(pid) / "environ").read_bytes()
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.decode(errors="replace").partition("=")
+        if sep:
+            env[key] = value
+    return env
+
+
+def mapped_files(pid: int) -> list[str]:
+    """Distinct file paths mapped into the process, in first-seen order."""
+    seen: dict[str, None] = {}
+    with open(PROC / str(pid) / "maps") as maps:
+        for line in maps:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].startswith("/"):
+                seen.setdefault(parts[5].rstrip("\n").removesuffix(" (deleted)"), None)
+    return list(seen)
+
+
+def boot_relative_seconds(start_ticks: int) -> float:
+    return start_ticks / CLOCK_TICKS
+
+
+def cpus_allowed(pid: int) -> int:
+    try:
+        return len(os.sched_getaffinity(pid))
+    except OSError:
+        return os.cpu_count() or 1

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Idempotent setup for a fresh Debian machine: system tools, the kernel-headers link bcc needs,
+# tracefs, and the project virtualenv. Safe to run again: each step checks before it acts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+APT_PACKAGES=(linux-perf bpfcc-tools python3-bpfcc linux-headers-amd64)
+
+say() { printf 'setup: %s\n' "$*"; }
+
+install_debian_packages() {
+  if ! command -v apt-get >/dev/null 2>&1; then
+    say "no apt-get here: install ${APT_PACKAGES[*]} by hand (profkit doctor says what is missing)"
+    return
+  fi
+  if [ "$(id -u)" != 0 ]; then
+    say "not root: skipping Debian packages (${APT_PACKAGES[*]})"
+    return
+  fi
+  local missing=()
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# bcc compiles its programs against /lib/modules/$(uname -r)/build. When the running kernel has no
+# headers package of its own, Debian's generic -amd64 headers work for tracepoints and uprobes,
+# provided build/ points at the -amd64 tree and source/ at the matching -common tree.
+link_kernel_headers() {
+  [ "$(id -u)" = 0 ] || return 0
+  local mod="/lib/modules/$(uname -r)"
+  if [ -e "$mod/build/include" ] || [ -e /sys/kernel/kheaders.tar.xz ]; then
+    return
+  fi
+  local amd64 common
+  amd64=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1 || true)
+  [ -n "$amd64" ] || { say "no /usr/src/linux-headers-*-amd64: bcc will not compile"; return; }
+  common="${amd64%-amd64}-common"
+  mkdir -p "$mod"
+  ln -sfn "$amd64" "$mod/build"
+  [ -d "$common" ] && ln -sfn "$common" "$mod/source"
+  say "linked $mod/build -> $amd64"
+}
+
+mount_tracefs() {
+  [ "$(id -u)" = 0 ] || return 0
+  if [ ! -e /sys/kernel/tracing/uprobe_events ]; then
+    mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || say "could not mount tracefs"
+  fi
+}
+
+make_venv() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+  fi
+  # Reinstall only when the project metadata changed since the last install.
+  local stamp="$VENV/.profkit-installed"
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    say "installing profkit[dev] into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[dev]'
+    touch "$stamp"
+  fi
+}
+
+install_debian_packages
+link_kernel_headers
+mount_tracefs
+make_venv
+say "ready"

@@ -1,0 +1,131 @@
+"""Shared fixtures: real recipe processes, optionally inside a real cgroup quota."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from profkit import procfs
+from profkit.sandbox import QuotaGroup, quota_group
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes"
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def needs_root() -> pytest.MarkDecorator:
+    return pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, ptrace, perf, bpf)")
+
+
+class Recipe:
+    """A running recipe process; stopped (never left stopped) when the test ends."""
+
+    def __init__(self, process: subprocess.Popen[str], group: QuotaGroup | None) -> None:
+        self.process = process
+        self.group = group
+        self.pid = process.pid
+        self.output = ""
+
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGCONT)
+                self.process.send_signal(signal.SIGINT)
+            try:
+                out, _ = self.process.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                out, _ = self.process.communicate()
+        else:
+            out, _ = self.process.communicate()
+        self.output += out or ""
+        return self.output
+
+    def copies(self) -> int:
+        for line in reversed(self.output.splitlines()):
+            if line.startswith("copies="):
+                return int(line.split()[0].split("=")[1])
+        raise AssertionError(f"recipe printed no summary: {self.output!r}")
+
+
+def _start(args: list[str], group: QuotaGroup | None, env: dict[str, str] | None) -> Recipe:
+    leaf_procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs] if group else []
+
+    def join() -> None:
+        for procs in leaf_procs:
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
+
+    process = subprocess.Popen(
+        [sys.executable, "-u", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=join if group else None,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
+    recipe = Recipe(process, group)
+    assert process.stdout is not None
+    first = process.stdout.readline()  # the recipe prints its header once torch is loaded
+    recipe.output = first
+    if not first.startswith(("shm_fanout", "ready")):
+        recipe.stop()
+        raise AssertionError(f"recipe failed to start: {recipe.output}")
+    return recipe
+
+
+@pytest.fixture
+def start_recipe() -> Iterator:
+    """start_recipe(script, *args, cores=None, on_parent=False, env=None, warmup=0.5)."""
+    started: list[Recipe] = []
+    stack = contextlib.ExitStack()
+
+    def start(
+        script: str,
+        *args: str,
+        cores: float | None = None,
+        on_parent: bool = False,
+        env: dict[str, str] | None = None,
+        warmup: float = 0.5,
+    ) -> Recipe:
+        group = stack.enter_context(quota_group(cores, on_parent=on_parent)) if cores else None
+        recipe = _start([str(RECIPES / script), *args], group, env)
+        started.append(recipe)
+        time.sleep(warmup)
+        return recipe
+
+    with stack:
+        yield start
+        for recipe in started:
+            recipe.stop()
+            state = _state(recipe.pid)
+            assert state != "T", "a test left a recipe stopped"
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return procfs.read_stat(pid).state
+    except FileNotFoundError:
+        return None
+
+
+def run_profkit(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "profkit", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
