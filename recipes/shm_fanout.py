@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         copies += 1
         now = time.monotonic()
         if args.report_every and now - last_report >= args.report_every:
-            print(f"progress copies={copies} elapsed={now - started:.3f}", flush=True)
+            print(f"progress copies={copies} t_ns={time.monotonic_ns()}", flush=True)
             last_report = now
     elapsed = time.monotonic() - started
     print(f"copies={copies} elapsed={elapsed:.3f} copies_per_s={copies / elapsed:.2f}", flush=True)

@@ -6,3 +6,63 @@ import click
 
 pid_option = click.option("--pid", "-p", type=int, required=True, help="Target process id.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+
+
+def capture_options(function):  # type: ignore[no-untyped-def]
+    """Options shared by `attach` and `run`."""
+    decorators = [
+        click.option(
+            "--duration",
+            "-d",
+            type=float,
+            default=10.0,
+            show_default=True,
+            help="Seconds to capture.",
+        ),
+        click.option(
+            "--out",
+            "-o",
+            "out",
+            type=click.Path(file_okay=False),
+            help="Bundle directory (default: profkit-sessions/PID-TIME).",
+        ),
+        click.option(
+            "--rate",
+            "-r",
+            type=int,
+            default=20,
+            show_default=True,
+            help="py-spy sampling rate in Hz (--native pauses the target per sample).",
+        ),
+        click.option(
+            "--collectors",
+            "-c",
+            help="Comma-separated subset of: ebpf, proc, cgroup, perf_stat, perf_record, pyspy.",
+        ),
+        click.option(
+            "--max-size",
+            "max_size_mb",
+            type=float,
+            default=256.0,
+            show_default=True,
+            help="Bundle size bound in MB.",
+        ),
+        click.option(
+            "--perf-callgraph",
+            type=click.Choice(["fp", "dwarf"]),
+            default="fp",
+            show_default=True,
+            help="perf unwinding (dwarf: whole stacks, ~100x data).",
+        ),
+        click.option(
+            "--perf-rate",
+            type=int,
+            default=99,
+            show_default=True,
+            help="perf cpu-clock sampling rate in Hz.",
+        ),
+        click.option("--no-report", is_flag=True, help="Only capture; print no verdict."),
+    ]
+    for decorator in reversed(decorators):
+        function = decorator(function)
+    return function

@@ -1,0 +1,87 @@
+// Scheduler view of one process: per-thread on-CPU and off-CPU time, voluntary and involuntary
+// switches, and who wakes whom. TARGET_TGID is substituted by profkit before compiling.
+#include <linux/sched.h>
+
+struct thread_time {
+    u64 oncpu_ns;
+    u64 offcpu_ns;
+    u64 last_in_ns;
+    u64 last_out_ns;
+    u64 voluntary;
+    u64 involuntary;
+};
+
+struct wake_key {
+    u32 waker;
+    u32 wakee;
+};
+
+struct slice {
+    u64 start_ns;
+    u64 end_ns;
+    u32 tid;
+    u32 voluntary;
+};
+
+BPF_HASH(times, u32, struct thread_time, 16384);
+BPF_HASH(wakeups, struct wake_key, u64, 65536);
+BPF_PERF_OUTPUT(slices);
+
+TRACEPOINT_PROBE(sched, sched_switch) {
+    u64 now = bpf_ktime_get_ns();
+    u32 prev = args->prev_pid;
+    u32 next = args->next_pid;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+    // The outgoing task is `current`, so its process is known for certain.
+    if (tgid == TARGET_TGID && prev != 0) {
+        struct thread_time zero = {};
+        struct thread_time *t = times.lookup_or_try_init(&prev, &zero);
+        if (t) {
+            u32 voluntary = args->prev_state != 0;  // TASK_RUNNING (0) means preempted
+            if (t->last_in_ns) {
+                t->oncpu_ns += now - t->last_in_ns;
+                if (EMIT_SLICES) {
+                    struct slice s = {t->last_in_ns, now, prev, voluntary};
+                    slices.perf_submit(args, &s, sizeof(s));
+                }
+            }
+            t->last_out_ns = now;
+            t->last_in_ns = 0;
+            if (voluntary)
+                t->voluntary++;
+            else
+                t->involuntary++;
+        }
+    }
+    // The incoming task is known only once it has run for the target (or was seeded).
+    struct thread_time *n = times.lookup(&next);
+    if (n) {
+        if (n->last_out_ns)
+            n->offcpu_ns += now - n->last_out_ns;
+        n->last_in_ns = now;
+    }
+    return 0;
+}
+
+static inline int count_wakeup(u32 wakee) {
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (tgid != TARGET_TGID && !times.lookup(&wakee))
+        return 0;
+    struct wake_key key = {};
+    key.waker = bpf_get_current_pid_tgid();
+    key.wakee = wakee;
+    u64 zero = 0;
+    u64 *count = wakeups.lookup_or_try_init(&key, &zero);
+    if (count)
+        __sync_fetch_and_add(count, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup) {
+    return count_wakeup(args->pid);
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup_new) {
+    return count_wakeup(args->pid);
+}

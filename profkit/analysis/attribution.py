@@ -1,0 +1,226 @@
+"""Which Python call site, through which ATen op, made the pool burn its CPU.
+
+Aligned method (eBPF regions and py-spy on one clock): a py-spy sample of the dispatching thread
+taken inside a region, whose native stack is in the OpenMP runtime, names that region's call
+site; every worker's on-CPU time from the region's start to the next region's start (the work
+and the spin that follows it) goes to that site. Regions no sample landed in are spread over the
+labelled sites in proportion. Proportional method (no regions): pool CPU is split by the count
+of in-region py-spy samples per site, with a binomial 95% interval as its uncertainty.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from .frames import KERNEL_OPS, aten_op, is_openmp_frame
+from .records import PySpySpans, SchedData
+
+# py-spy stamps a sample after unwinding it, a little after the moment the thread was stopped.
+ALIGN_TOLERANCE_NS = 3_000_000
+METHOD_CALL = re.compile(r"\.(\w+)\(")
+
+
+@dataclass(frozen=True)
+class Site:
+    file: str
+    line: int
+    function: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class SiteShare:
+    site: Site
+    op: str | None
+    op_source: str
+    share: float
+    pool_cores: float
+    regions: int
+    samples: int
+    code: str | None
+
+
+@dataclass(frozen=True)
+class Attribution:
+    method: str  # "aligned", "proportional" or "none"
+    reason: str
+    uncertainty: float  # in share units, 0..1
+    labelled_share: float  # aligned: fraction of pool CPU in regions with a sampled site
+    sites: tuple[SiteShare, ...]
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    in_region: bool
+    site: Site | None
+    op: str | None
+
+
+def stack_info(spans: PySpySpans, stack_id: int) -> StackInfo:
+    frames = [spans.frames[i] for i in spans.stacks[stack_id]]
+    in_region = any(is_openmp_frame(f.name, f.file) for f in frames)
+    python = [f for f in frames if f.is_python]
+    site = Site(python[-1].file, python[-1].line, python[-1].name) if python else None
+    return StackInfo(in_region, site, aten_op([f.name for f in frames]))
+
+
+def expand_samples(spans: PySpySpans, tids: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tid, time, stack) of every sample inside the merged py-spy spans of these threads."""
+    mask = np.isin(spans.tid, list(tids))
+    start, end = spans.start_ns[mask], spans.end_ns[mask]
+    interval = 1e9 / max(1, spans.rate_hz)
+    counts = np.maximum(1, np.rint((end - start) / interval)).astype(np.int64)
+    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    times = np.repeat(start, counts) + (offsets * interval).astype(np.int64)
+    return np.repeat(spans.tid[mask], counts), times, np.repeat(spans.stack[mask], counts)
+
+
+def _worker_time_per_region(
+    sched: SchedData, workers: set[int], starts: np.ndarray, window: tuple[int, int]
+) -> np.ndarray:
+    mask = (
+        np.isin(sched.slice_tid, list(workers))
+        & (sched.slice_end > window[0])
+        & (sched.slice_start < window[1])
+    )
+    begin = np.maximum(sched.slice_start[mask], window[0])
+    finish = np.minimum(sched.slice_end[mask], window[1])
+    middle = (begin + finish) // 2
+    index = np.clip(np.searchsorted(starts, middle, side="right") - 1, 0, len(starts) - 1)
+    return np.bincount(index, weights=(finish - begin).astype(float), minlength=len(starts))
+
+
+def _resolve_op(
+    ops: Counter[str | None], kernels: list[str], code: str | None
+) -> tuple[str | None, str]:
+    named = [(op, n) for op, n in ops.most_common() if op]
+    if named:
+        return named[0][0], "dispatcher's native stack"
+    for kernel in kernels:
+        if kernel in KERNEL_OPS:
+            return KERNEL_OPS[kernel], f"worker kernel {kernel}"
+    if code:
+        match = METHOD_CALL.search(code)
+        if match:
+            return f"aten::{match.group(1)}", "source line"
+    return None, "unknown"
+
+
+def attribute(
+    spans: PySpySpans | None,
+    sched: SchedData | None,
+    dispatchers: set[int],
+    workers: set[int],
+    pool_cores: float,
+    window: tuple[int, int],
+    worker_kernels: list[str],
+) -> Attribution:
+    if spans is None:
+        return Attribution(
+            "none", "no py-spy samples: the dispatching Python code is unknown", 1.0, 0.0, ()
+        )
+    tids = dispatchers or {int(t) for t in np.unique(spans.tid)}
+    tid, times, stacks = expand_samples(spans, tids)
+    keep = (times >= window[0]) & (times <= window[1])
+    tid, times, stacks = tid[keep], times[keep], stacks[keep]
+    infos = {int(s): stack_info(spans, int(s)) for s in np.unique(stacks)}
+    in_region = np.array(
+        [infos[int(s)].in_region and infos[int(s)].site is not None for s in stacks], dtype=bool
+    )
+    if not in_region.any():
+        return Attribution(
+            "none",
+            "no py-spy sample of the dispatcher fell inside a parallel "
+            "region (raise --rate or capture longer)",
+            1.0,
+            0.0,
+            (),
+        )
+    sample_sites = [infos[int(s)].site for s in stacks[in_region]]
+    sample_ops = [infos[int(s)].op for s in stacks[in_region]]
+    site_samples = Counter(sample_sites)
+    ops_by_site: dict[Site, Counter[str | None]] = {}
+    for site, op in zip(sample_sites, sample_ops, strict=True):
+        ops_by_site.setdefault(site, Counter())[op] += 1  # type: ignore[arg-type]
+    weights, regions_by_site, method, reason, labelled = _aligned(
+        sched, tid[in_region], times[in_region], sample_sites, dispatchers, workers, window
+    )
+    if not weights:
+        method, labelled = "proportional", 0.0
+        weights = {site: float(n) for site, n in site_samples.items()}
+        regions_by_site = {}
+    total = sum(weights.values()) or 1.0
+    n = sum(site_samples.values())
+    shares = {site: w / total for site, w in weights.items()}
+    uncertainty = max(1.96 * math.sqrt(p * (1 - p) / n) for p in shares.values())
+    if method == "aligned":
+        uncertainty = max(uncertainty * (1 - labelled), 0.0)
+    sites = []
+    for site, share in sorted(shares.items(), key=lambda item: -item[1]):
+        code = spans.sources.get(f"{site.file}:{site.line}")
+        op, op_source = _resolve_op(ops_by_site.get(site, Counter()), worker_kernels, code)
+        sites.append(
+            SiteShare(
+                site,
+                op,
+                op_source,
+                share,
+                share * pool_cores,
+                regions_by_site.get(site, 0),
+                site_samples.get(site, 0),
+                code,
+            )
+        )
+    return Attribution(method, reason, uncertainty, labelled, tuple(sites))
+
+
+def _aligned(
+    sched: SchedData | None,
+    tids: np.ndarray,
+    times: np.ndarray,
+    sites: list[Site | None],
+    dispatchers: set[int],
+    workers: set[int],
+    window: tuple[int, int],
+) -> tuple[dict[Site, float], dict[Site, int], str, str, float]:
+    if sched is None or not sched.uprobes_attached or len(sched.region_start) == 0:
+        return {}, {}, "proportional", "no OpenMP region probes: split by sampled call sites", 0.0
+    if len(sched.slice_tid) == 0:
+        return {}, {}, "proportional", "no scheduler slices: split by sampled call sites", 0.0
+    mask = (sched.region_start >= window[0]) & (sched.region_start <= window[1])
+    if dispatchers:
+        mask &= np.isin(sched.region_tid, list(dispatchers))
+    order = np.argsort(sched.region_start[mask])
+    starts = sched.region_start[mask][order]
+    ends = sched.region_end[mask][order]
+    if len(starts) == 0:
+        return {}, {}, "proportional", "no region from the dispatching threads", 0.0
+    region_sites: dict[int, Counter[Site]] = {}
+    index = np.searchsorted(starts, times + ALIGN_TOLERANCE_NS, side="right") - 1
+    for i, (region, t) in enumerate(zip(index, times, strict=True)):
+        if region >= 0 and t <= ends[region] + ALIGN_TOLERANCE_NS and sites[i] is not None:
+            region_sites.setdefault(int(region), Counter())[sites[i]] += 1  # type: ignore[index]
+    if not region_sites:
+        return {}, {}, "proportional", "no py-spy sample aligned with a region", 0.0
+    worker_ns = _worker_time_per_region(sched, workers, starts, window)
+    weights: dict[Site, float] = {}
+    regions_by_site: Counter[Site] = Counter()
+    for region, votes in region_sites.items():
+        site = votes.most_common(1)[0][0]
+        weights[site] = weights.get(site, 0.0) + float(worker_ns[region])
+        regions_by_site[site] += 1
+    total = float(worker_ns.sum()) or 1.0
+    labelled = sum(weights.values()) / total
+    reason = (
+        f"{len(region_sites)} of {len(starts)} regions carry a sampled call site; the rest "
+        "is spread in proportion"
+    )
+    return weights, dict(regions_by_site), "aligned", reason, labelled

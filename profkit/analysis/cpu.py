@@ -1,0 +1,69 @@
+"""CPU ground truth over the capture window, from the /proc samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .records import ProcSeries
+
+
+@dataclass(frozen=True)
+class ThreadCpu:
+    tid: int
+    name: str
+    cpu_seconds: float
+
+
+@dataclass(frozen=True)
+class CpuWindow:
+    start_ns: int
+    end_ns: int
+    process_cpu_seconds: float
+    threads: tuple[ThreadCpu, ...]
+
+    @property
+    def seconds(self) -> float:
+        return max(1e-9, (self.end_ns - self.start_ns) / 1e9)
+
+    @property
+    def process_cores(self) -> float:
+        return self.process_cpu_seconds / self.seconds
+
+    def cores(self, tid: int) -> float:
+        return next((t.cpu_seconds for t in self.threads if t.tid == tid), 0.0) / self.seconds
+
+    def cores_of(self, tids: set[int] | frozenset[int]) -> float:
+        return sum(t.cpu_seconds for t in self.threads if t.tid in tids) / self.seconds
+
+
+def _nearest(times: np.ndarray, t: int) -> int:
+    return int(np.argmin(np.abs(times - t)))
+
+
+def cpu_window(proc: ProcSeries, window: tuple[int, int]) -> CpuWindow:
+    """Per-thread and process CPU between the /proc samples nearest the window's ends."""
+    times = np.unique(proc.process_t_ns)
+    if len(times) < 2:
+        return CpuWindow(window[0], window[1], 0.0, ())
+    first = int(times[_nearest(times, window[0])])
+    last = int(times[_nearest(times, window[1])])
+    if last <= first:
+        first, last = int(times[0]), int(times[-1])
+    ticks = proc.clock_ticks
+    process_first = proc.process_ticks[proc.process_t_ns == first][0]
+    process_last = proc.process_ticks[proc.process_t_ns == last][0]
+    in_window = (proc.t_ns >= first) & (proc.t_ns <= last)
+    threads = []
+    for tid in np.unique(proc.tid[in_window]):
+        rows = in_window & (proc.tid == tid)
+        t_rows, values = proc.t_ns[rows], proc.cpu_ticks[rows]
+        # A thread born inside the window started from zero; one that exited keeps its last value.
+        start_value = values[0] if t_rows[0] == first else 0
+        threads.append(
+            ThreadCpu(
+                int(tid), proc.names.get(int(tid), "?"), float(values[-1] - start_value) / ticks
+            )
+        )
+    return CpuWindow(first, last, float(process_last - process_first) / ticks, tuple(threads))

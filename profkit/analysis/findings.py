@@ -1,0 +1,163 @@
+"""Findings: each with evidence numbers and a fix computed from that evidence (docs/findings.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .activity import Activity
+from .attribution import Attribution
+from .quota import QuotaUse
+from .reconcile import Reconciliation
+from .roles import Pool
+
+# A pool is a fan-out problem when its workers burn a real share of the process's CPU.
+FANOUT_MIN_CORES = 0.05
+FANOUT_MIN_SHARE = 0.15
+THROTTLE_MIN_PCT = 10.0
+BLIND_SPOT_MAX = 0.5
+SPIN_MIN_SHARE = 0.3
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str  # "high", "medium", "low"
+    summary: str
+    evidence: dict[str, object] = field(hash=False)
+    fix: str
+
+
+def fanout(
+    recon: Reconciliation, pool: Pool, activity: Activity | None, attribution: Attribution
+) -> Finding | None:
+    share = recon.pool_workers / recon.process_cores if recon.process_cores else 0.0
+    if recon.pool_workers < FANOUT_MIN_CORES or share < FANOUT_MIN_SHARE:
+        return None
+    top = attribution.sites[0] if attribution.sites else None
+    where = (
+        f" dispatched by {top.op or 'an unnamed op'} at {top.site.label} ({top.site.function})"
+        if top
+        else ""
+    )
+    evidence: dict[str, object] = {
+        "pool": pool.name,
+        "workers": len(pool.workers),
+        "team_size": pool.team_size,
+        "pool_cores": round(recon.pool_workers, 3),
+        "process_cores": round(recon.process_cores, 3),
+        "pool_share_of_process": round(share, 3),
+        "python_sampled_cores": round(recon.python_sampled_cores, 3),
+    }
+    if activity is not None and activity.samples:
+        evidence["activity"] = {k: round(v, 3) for k, v in activity.shares.items()}
+    if top:
+        evidence.update(
+            {
+                "site": top.site.label,
+                "function": top.site.function,
+                "op": top.op,
+                "site_share": round(top.share, 3),
+                "attribution": attribution.method,
+            }
+        )
+    if top and top.op == "aten::copy_":
+        fix = (
+            f"at {top.site.label}, copy without the intra-op pool: write the bytes through a "
+            "numpy view (shm.buf[:] = tensor.detach().view(torch.uint8).reshape(-1).numpy()),"
+            " or run this copy under torch.set_num_threads(1); a process-wide thread cap "
+            "also works but slows every other op"
+        )
+    elif top:
+        fix = (
+            f"at {top.site.label}, run {top.op or 'this op'} with fewer intra-op threads "
+            "(torch.set_num_threads around the call) or batch the work so that each region "
+            "is large enough to pay for the fan-out"
+        )
+    else:
+        fix = "cap the intra-op pool (OMP_NUM_THREADS / torch.set_num_threads)"
+    severity = "high" if share >= 0.5 else "medium"
+    summary = (
+        f"{len(pool.workers)} {pool.name} workers burned {recon.pool_workers:.2f} of the "
+        f"process's {recon.process_cores:.2f} cores, which py-spy does not see"
+        f" (it sampled {recon.python_sampled_cores:.2f}){where}"
+    )
+    return Finding("cpu-fanout", severity, summary, evidence, fix)
+
+
+def oversubscription(pool: Pool, recon: Reconciliation, quota: QuotaUse | None) -> Finding | None:
+    if quota is None or quota.effective_cores is None:
+        return None
+    throttled = quota.throttled_periods_pct or 0.0
+    cap = quota.recommended_threads
+    if pool.team_size <= cap or (
+        throttled < THROTTLE_MIN_PCT and recon.pool_workers < 0.25 * quota.effective_cores
+    ):
+        return None
+    burn = recon.pool_workers / quota.effective_cores
+    evidence: dict[str, object] = {
+        "team_size": pool.team_size,
+        "effective_cores": quota.effective_cores,
+        "source": quota.source,
+        "throttled_periods_pct": round(throttled, 1),
+        "throttled_seconds": round(quota.throttled_seconds, 3),
+        "pool_share_of_quota": round(burn, 3),
+        "recommended_threads": cap,
+    }
+    if quota.usage_cores is not None:
+        evidence["usage_cores"] = round(quota.usage_cores, 3)
+    summary = (
+        f"a team of {pool.team_size} threads runs in a {quota.effective_cores:g}-core "
+        f"quota ({quota.source}): {throttled:.0f}% of periods throttled, and the pool "
+        f"burns {100 * burn:.0f}% of the budget"
+    )
+    fix = (
+        f"cap the pool at floor({quota.effective_cores:g}) = {cap}: OMP_NUM_THREADS={cap} in the"
+        f" target's environment before it starts, or torch.set_num_threads({cap}) at start-up"
+        " (profkit run --cap-threads does this from the quota)"
+    )
+    severity = "high" if throttled >= 50 else "medium"
+    return Finding("quota-oversubscription", severity, summary, evidence, fix)
+
+
+def blind_spot(recon: Reconciliation) -> Finding | None:
+    if (
+        recon.process_cores < 0.2
+        or recon.python_sampled_cores >= BLIND_SPOT_MAX * recon.process_cores
+    ):
+        return None
+    missing = recon.process_cores - recon.python_sampled_cores
+    return Finding(
+        "python-blind-spot",
+        "low",
+        f"py-spy's samples explain {recon.python_sampled_cores:.2f} of "
+        f"{recon.process_cores:.2f} cores; {missing:.2f} cores run in threads it cannot see",
+        {
+            "python_sampled_cores": round(recon.python_sampled_cores, 3),
+            "process_cores": round(recon.process_cores, 3),
+        },
+        "profile native threads too (this report's pool and thread tables show where)",
+    )
+
+
+def spin(pool: Pool, activity: Activity | None, recon: Reconciliation) -> Finding | None:
+    if activity is None or activity.samples < 20 or recon.pool_workers < FANOUT_MIN_CORES:
+        return None
+    share = activity.shares.get("spin", 0.0)
+    if share < SPIN_MIN_SHARE or pool.name != "openmp":
+        return None
+    return Finding(
+        "pool-spin",
+        "medium",
+        f"{100 * share:.0f}% of the {pool.name} workers' samples spin or wait in the runtime's "
+        "barrier instead of working",
+        {"spin_share": round(share, 3), "samples": activity.samples},
+        "fewer threads per region (see cpu-fanout), or OMP_WAIT_POLICY=passive so idle workers "
+        "sleep instead of spinning",
+    )
+
+
+SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
+
+
+def sort_findings(findings: list[Finding]) -> tuple[Finding, ...]:
+    return tuple(sorted(findings, key=lambda f: SEVERITY_ORDER[f.severity]))

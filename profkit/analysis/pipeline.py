@@ -1,0 +1,109 @@
+"""From a bundle on disk to a Report: pure steps over frozen records, no root needed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BadBundle
+from .activity import Activity, pool_activity
+from .attribution import Attribution, attribute
+from .cpu import CpuWindow, cpu_window
+from .findings import Finding, blind_spot, fanout, oversubscription, sort_findings, spin
+from .quota import QuotaUse, quota_use
+from .reconcile import Reconciliation, reconcile
+from .records import Bundle, load_bundle
+from .roles import Pool, ThreadRole, classify
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    pool: Pool
+    cores: float
+    regions: int
+    activity: Activity | None
+    attribution: Attribution
+
+
+@dataclass(frozen=True)
+class Report:
+    bundle: Bundle
+    cpu: CpuWindow
+    roles: tuple[ThreadRole, ...]
+    reconciliation: Reconciliation
+    pools: tuple[PoolReport, ...]
+    quota: QuotaUse | None
+    findings: tuple[Finding, ...]
+    missing: dict[str, str]
+
+
+def analyse(bundle: Bundle) -> Report:
+    if bundle.proc is None:
+        raise BadBundle(f"{bundle.directory} has no /proc samples, the CPU ground truth")
+    window = bundle.window
+    cpu = cpu_window(bundle.proc, window)
+    tids = [t.tid for t in cpu.threads]
+    roles, pools = classify(bundle, tids, {t.tid: t.name for t in cpu.threads})
+    recon = reconcile(cpu, roles, bundle.pyspy, (cpu.start_ns, cpu.end_ns))
+    target = bundle.manifest.get("target", {})
+    quota = quota_use(
+        bundle.cgroup,
+        (cpu.start_ns, cpu.end_ns),
+        int(target.get("cpus_allowed") or 1),
+        bundle.manifest.get("quota"),
+    )
+    pool_reports = []
+    findings: list[Finding] = []
+    for pool in pools:
+        workers = set(pool.workers)
+        activity = pool_activity(bundle.perf, workers, window) if bundle.perf else None
+        kernels = [name for name, _ in activity.top_work] if activity else []
+        attribution = attribute(
+            bundle.pyspy,
+            bundle.sched,
+            set(pool.dispatchers),
+            workers,
+            cpu.cores_of(workers),
+            window,
+            kernels,
+        )
+        regions = 0
+        if bundle.sched is not None and pool.name == "openmp":
+            regions = int(
+                (
+                    (bundle.sched.region_start >= window[0])
+                    & (bundle.sched.region_start <= window[1])
+                ).sum()
+            )
+        pool_reports.append(PoolReport(pool, cpu.cores_of(workers), regions, activity, attribution))
+        for finding in (
+            fanout(_pool_recon(recon, pool, cpu), pool, activity, attribution),
+            oversubscription(pool, _pool_recon(recon, pool, cpu), quota),
+            spin(pool, activity, _pool_recon(recon, pool, cpu)),
+        ):
+            if finding:
+                findings.append(finding)
+    extra = blind_spot(recon)
+    if extra:
+        findings.append(extra)
+    return Report(
+        bundle,
+        cpu,
+        roles,
+        recon,
+        tuple(pool_reports),
+        quota,
+        sort_findings(findings),
+        bundle.missing(),
+    )
+
+
+def _pool_recon(recon: Reconciliation, pool: Pool, cpu: CpuWindow) -> Reconciliation:
+    """The reconciliation with pool_workers narrowed to one pool, for per-pool findings."""
+    from dataclasses import replace
+
+    return replace(recon, pool_workers=cpu.cores_of(set(pool.workers)))
+
+
+def analyse_bundle(directory: Path | str) -> Report:
+    return analyse(load_bundle(directory))

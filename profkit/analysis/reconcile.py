@@ -1,0 +1,109 @@
+"""Reconciliation: process CPU (the /proc truth) against what py-spy's Python samples explain."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .attribution import expand_samples
+from .cpu import CpuWindow
+from .records import PySpySpans
+from .roles import OTHER, PYTHON, WORKER, ThreadRole
+
+IDLE_LEAF = re.compile(
+    r"futex|epoll_wait|poll|select|nanosleep|sem_wait|pthread_cond|"
+    r"accept|recv|sleep|wait"
+)
+
+
+@dataclass(frozen=True)
+class ThreadShare:
+    tid: int
+    name: str
+    role: str
+    pool: str | None
+    cores: float
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    window_seconds: float
+    process_cores: float
+    python_sampled_cores: float
+    python: float
+    native_in_python_threads: float
+    pool_workers: float
+    other: float
+    unexplained_cores: float
+    threads: tuple[ThreadShare, ...]
+
+    @property
+    def closure_pct(self) -> float:
+        if self.process_cores <= 0:
+            return 0.0
+        return 100.0 * abs(self.unexplained_cores) / self.process_cores
+
+
+def reconcile(
+    cpu: CpuWindow, roles: tuple[ThreadRole, ...], spans: PySpySpans | None, window: tuple[int, int]
+) -> Reconciliation:
+    """Split the process's CPU into Python, native-under-Python, pool workers and other threads.
+
+    "py-spy sampled" is the CPU of the threads py-spy can see (the Python threads), over the
+    part of the window its samples cover: what a perfect py-spy would account for. Within those
+    threads, the share of samples whose leaf frame is Python code splits interpreted Python from
+    native code called from Python; samples waiting in a blocking call are left out of that split.
+    """
+    by_tid = {r.tid: r for r in roles}
+    threads = tuple(
+        ThreadShare(
+            t.tid,
+            t.name,
+            by_tid[t.tid].role if t.tid in by_tid else OTHER,
+            by_tid[t.tid].pool if t.tid in by_tid else None,
+            t.cpu_seconds / cpu.seconds,
+        )
+        for t in cpu.threads
+    )
+    python_part = native_part = sampled = 0.0
+    for share in (t for t in threads if t.role == PYTHON):
+        fraction_python, coverage = 1.0, 0.0
+        if spans is not None:
+            _, times, stacks = expand_samples(spans, {share.tid})
+            keep = (times >= window[0]) & (times <= window[1])
+            stacks = stacks[keep]
+            coverage = min(1.0, len(stacks) / max(1, spans.rate_hz) / cpu.seconds)
+            active = [int(s) for s in stacks if not _idle_leaf(spans, int(s))] or [
+                int(s) for s in stacks
+            ]
+            if active:
+                fraction_python = float(np.mean([_leaf_is_python(spans, s) for s in active]))
+        python_part += share.cores * fraction_python
+        native_part += share.cores * (1.0 - fraction_python)
+        sampled += share.cores * coverage
+    pool = sum(t.cores for t in threads if t.role == WORKER)
+    other = sum(t.cores for t in threads if t.role == OTHER)
+    explained = python_part + native_part + pool + other
+    return Reconciliation(
+        window_seconds=cpu.seconds,
+        process_cores=cpu.process_cores,
+        python_sampled_cores=sampled,
+        python=python_part,
+        native_in_python_threads=native_part,
+        pool_workers=pool,
+        other=other,
+        unexplained_cores=cpu.process_cores - explained,
+        threads=tuple(sorted(threads, key=lambda t: -t.cores)),
+    )
+
+
+def _leaf_is_python(spans: PySpySpans, stack_id: int) -> bool:
+    stack = spans.stacks[stack_id]
+    return bool(stack) and spans.frames[stack[-1]].is_python
+
+
+def _idle_leaf(spans: PySpySpans, stack_id: int) -> bool:
+    stack = spans.stacks[stack_id]
+    return bool(stack) and bool(IDLE_LEAF.search(spans.frames[stack[-1]].name))

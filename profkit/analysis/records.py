@@ -1,0 +1,243 @@
+"""Typed, frozen views of a session bundle, loaded once; every analysis step reads these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..bundle import load_manifest, load_part
+from ..errors import BadBundle
+
+I64 = np.int64
+
+
+@dataclass(frozen=True)
+class ProcSeries:
+    clock_ticks: int
+    names: dict[int, str]
+    t_ns: np.ndarray
+    tid: np.ndarray
+    cpu_ticks: np.ndarray  # utime + stime
+    process_t_ns: np.ndarray
+    process_ticks: np.ndarray
+
+
+@dataclass(frozen=True)
+class Frame:
+    name: str
+    file: str  # a .py path for Python frames, the DSO path for native ones
+    line: int
+
+    @property
+    def is_python(self) -> bool:
+        return self.file.endswith(".py")
+
+
+@dataclass(frozen=True)
+class PySpySpans:
+    frames: tuple[Frame, ...]
+    stacks: tuple[tuple[int, ...], ...]  # root first
+    names: dict[int, str]
+    tid: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    stack: np.ndarray
+    rate_hz: int
+    sources: dict[str, str]
+
+
+@dataclass(frozen=True)
+class PerfSamples:
+    frames: tuple[tuple[str, str], ...]  # (symbol, dso)
+    stacks: tuple[tuple[int, ...], ...]  # root first
+    t_ns: np.ndarray
+    tid: np.ndarray
+    period_ns: np.ndarray
+    stack: np.ndarray
+    callgraph: str
+
+
+@dataclass(frozen=True)
+class SchedData:
+    threads: dict[int, dict[str, int]]
+    wakeups: tuple[tuple[int, int, int], ...]
+    slice_tid: np.ndarray
+    slice_start: np.ndarray
+    slice_end: np.ndarray
+    region_tid: np.ndarray
+    region_start: np.ndarray
+    region_end: np.ndarray
+    region_requested: np.ndarray
+    lost: int
+    uprobes_attached: bool
+
+
+@dataclass(frozen=True)
+class CgroupSeries:
+    effective_cores: float | None
+    source: str | None
+    period_us: int | None
+    version: str
+    t_ns: np.ndarray
+    nr_periods: np.ndarray
+    nr_throttled: np.ndarray
+    throttled_ns: np.ndarray
+    usage_ns: np.ndarray
+    pressure_some_us: np.ndarray
+
+
+@dataclass(frozen=True)
+class Bundle:
+    directory: Path
+    manifest: dict
+    proc: ProcSeries | None
+    pyspy: PySpySpans | None
+    perf: PerfSamples | None
+    sched: SchedData | None
+    cgroup: CgroupSeries | None
+
+    @property
+    def window(self) -> tuple[int, int]:
+        window = self.manifest.get("window") or {}
+        return int(window.get("start_ns", 0)), int(window.get("end_ns", 0))
+
+    def missing(self) -> dict[str, str]:
+        """Collectors that gave nothing, with the reason the manifest records."""
+        out = {}
+        for name, result in self.manifest.get("collectors", {}).items():
+            if result.get("status") not in ("ok", "partial"):
+                out[name] = f"{result.get('status')}: {result.get('reason', '')}".strip(": ")
+        return out
+
+
+def _array(values: list, name: str, path: str) -> np.ndarray:
+    try:
+        return np.asarray(values, dtype=I64)
+    except (TypeError, ValueError) as exc:
+        raise BadBundle(f"{path}: column {name} is not numeric") from exc
+
+
+def _proc(directory: Path) -> ProcSeries | None:
+    data = load_part(directory, "proc.json")
+    if data is None:
+        return None
+    try:
+        samples, process = data["samples"], data["process"]
+        return ProcSeries(
+            clock_ticks=int(data["clock_ticks"]),
+            names={int(k): v for k, v in data["threads"].items()},
+            t_ns=_array(samples["t_ns"], "t_ns", "proc.json"),
+            tid=_array(samples["tid"], "tid", "proc.json"),
+            cpu_ticks=_array(samples["utime"], "utime", "proc.json")
+            + _array(samples["stime"], "stime", "proc.json"),
+            process_t_ns=_array(process["t_ns"], "t_ns", "proc.json"),
+            process_ticks=_array(process["utime"], "utime", "proc.json")
+            + _array(process["stime"], "stime", "proc.json"),
+        )
+    except (KeyError, TypeError) as exc:
+        raise BadBundle(f"proc.json lacks {exc}") from exc
+
+
+def _pyspy(directory: Path, manifest: dict) -> PySpySpans | None:
+    data = load_part(directory, "pyspy.json")
+    if data is None:
+        return None
+    try:
+        spans = data["spans"]
+        rate = manifest["collectors"].get("pyspy", {}).get("notes", {}).get(
+            "rate_hz"
+        ) or manifest.get("options", {}).get("rate_hz", 20)
+        return PySpySpans(
+            frames=tuple(Frame(str(f[0]), str(f[1]), int(f[2])) for f in data["frames"]),
+            stacks=tuple(tuple(s) for s in data["stacks"]),
+            names={int(k): v for k, v in data.get("threads", {}).items()},
+            tid=_array(spans["tid"], "tid", "pyspy.json"),
+            start_ns=_array(spans["start_ns"], "start_ns", "pyspy.json"),
+            end_ns=_array(spans["end_ns"], "end_ns", "pyspy.json"),
+            stack=_array(spans["stack"], "stack", "pyspy.json"),
+            rate_hz=int(rate),
+            sources=dict(data.get("sources", {})),
+        )
+    except (KeyError, TypeError, IndexError) as exc:
+        raise BadBundle(f"pyspy.json lacks {exc}") from exc
+
+
+def _perf(directory: Path, manifest: dict) -> PerfSamples | None:
+    data = load_part(directory, "perf.json")
+    if data is None:
+        return None
+    try:
+        samples = data["samples"]
+        notes = manifest["collectors"].get("perf_record", {}).get("notes", {})
+        return PerfSamples(
+            frames=tuple((str(f[0]), str(f[1])) for f in data["frames"]),
+            stacks=tuple(tuple(s) for s in data["stacks"]),
+            t_ns=_array(samples["t_ns"], "t_ns", "perf.json"),
+            tid=_array(samples["tid"], "tid", "perf.json"),
+            period_ns=_array(samples["period_ns"], "period_ns", "perf.json"),
+            stack=_array(samples["stack"], "stack", "perf.json"),
+            callgraph=str(notes.get("callgraph", "fp")),
+        )
+    except (KeyError, TypeError, IndexError) as exc:
+        raise BadBundle(f"perf.json lacks {exc}") from exc
+
+
+def _sched(directory: Path) -> SchedData | None:
+    data = load_part(directory, "ebpf.json")
+    if data is None:
+        return None
+    try:
+        slices, regions = data["slices"], data["regions"]
+        return SchedData(
+            threads={int(k): v for k, v in data["threads"].items()},
+            wakeups=tuple((int(a), int(b), int(c)) for a, b, c in data["wakeups"]),
+            slice_tid=_array(slices["tid"], "tid", "ebpf.json"),
+            slice_start=_array(slices["start_ns"], "start_ns", "ebpf.json"),
+            slice_end=_array(slices["end_ns"], "end_ns", "ebpf.json"),
+            region_tid=_array(regions["tid"], "tid", "ebpf.json"),
+            region_start=_array(regions["start_ns"], "start_ns", "ebpf.json"),
+            region_end=_array(regions["end_ns"], "end_ns", "ebpf.json"),
+            region_requested=_array(regions["requested"], "requested", "ebpf.json"),
+            lost=int(sum(data.get("lost", {}).values())),
+            uprobes_attached=any(a.startswith("uprobe:") for a in data.get("attached", [])),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadBundle(f"ebpf.json lacks {exc}") from exc
+
+
+def _cgroup(directory: Path) -> CgroupSeries | None:
+    data = load_part(directory, "cgroup.json")
+    if data is None:
+        return None
+    try:
+        s = data["samples"]
+        return CgroupSeries(
+            effective_cores=data.get("effective_cores"),
+            source=data.get("source"),
+            period_us=data.get("period_us"),
+            version=str(data.get("version", "")),
+            t_ns=_array(s["t_ns"], "t_ns", "cgroup.json"),
+            nr_periods=_array(s["nr_periods"], "nr_periods", "cgroup.json"),
+            nr_throttled=_array(s["nr_throttled"], "nr_throttled", "cgroup.json"),
+            throttled_ns=_array(s["throttled_ns"], "throttled_ns", "cgroup.json"),
+            usage_ns=_array(s["usage_ns"], "usage_ns", "cgroup.json"),
+            pressure_some_us=_array(s["pressure_some_us"], "pressure_some_us", "cgroup.json"),
+        )
+    except (KeyError, TypeError) as exc:
+        raise BadBundle(f"cgroup.json lacks {exc}") from exc
+
+
+def load_bundle(directory: Path | str) -> Bundle:
+    directory = Path(directory)
+    manifest = load_manifest(directory)
+    return Bundle(
+        directory,
+        manifest,
+        _proc(directory),
+        _pyspy(directory, manifest),
+        _perf(directory, manifest),
+        _sched(directory),
+        _cgroup(directory),
+    )

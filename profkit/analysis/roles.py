@@ -1,0 +1,131 @@
+"""Which thread is what: Python threads, pool workers (and which pool), other native threads."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from .frames import ATEN_PARALLEL, OPENMP_DSOS, OPENMP_WAIT, POOL_DSOS
+from .records import Bundle
+
+PYTHON, WORKER, OTHER = "python", "pool-worker", "other"
+# A thread woken this often by a Python thread, and never seen running Python, serves it.
+MIN_WAKEUPS = 5
+
+
+@dataclass(frozen=True)
+class ThreadRole:
+    tid: int
+    name: str
+    role: str
+    pool: str | None
+    evidence: str
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str  # "openmp", "openblas", "mkl", "tbb"
+    runtime: str | None  # the library path, when known
+    workers: tuple[int, ...]
+    dispatchers: tuple[int, ...]
+
+    @property
+    def team_size(self) -> int:
+        # The dispatching thread runs a share of each OpenMP region itself.
+        return len(self.workers) + (1 if self.name == "openmp" else 0)
+
+
+def _perf_pool_votes(bundle: Bundle) -> dict[int, Counter[str]]:
+    """For each thread, which pool runtimes its perf samples run in."""
+    votes: dict[int, Counter[str]] = {}
+    perf = bundle.perf
+    if perf is None:
+        return votes
+    stack_pool: list[str | None] = []
+    for stack in perf.stacks:
+        pool = None
+        for frame_id in stack:
+            symbol, dso = perf.frames[frame_id]
+            if (
+                OPENMP_DSOS.search(dso)
+                or OPENMP_WAIT.search(symbol)
+                or ATEN_PARALLEL.search(symbol)
+            ):
+                pool = "openmp"
+                break
+            named = next((n for n, pattern in POOL_DSOS.items() if pattern.search(dso)), None)
+            if named:
+                pool = named
+                break
+        stack_pool.append(pool)
+    tids, stacks = perf.tid, perf.stack
+    for tid in np.unique(tids):
+        counter: Counter[str] = Counter()
+        for stack_id in stacks[tids == tid]:
+            pool = stack_pool[int(stack_id)]
+            if pool:
+                counter[pool] += 1
+        votes[int(tid)] = counter
+    return votes
+
+
+def classify(
+    bundle: Bundle, tids: list[int], names: dict[int, str]
+) -> tuple[tuple[ThreadRole, ...], tuple[Pool, ...]]:
+    manifest_target = bundle.manifest.get("target", {})
+    pid = int(manifest_target.get("pid", 0))
+    python_tids = set(bundle.pyspy.names) if bundle.pyspy else set()
+    if bundle.pyspy is not None:
+        python_tids |= {int(t) for t in np.unique(bundle.pyspy.tid) if t}
+    if not python_tids and pid:
+        python_tids = {pid}  # without py-spy, the main thread is the one Python thread known
+    votes = _perf_pool_votes(bundle)
+    woken_by_python: Counter[int] = Counter()
+    waker_of: dict[int, Counter[int]] = {}
+    if bundle.sched is not None:
+        for waker, wakee, count in bundle.sched.wakeups:
+            if waker in python_tids and wakee not in python_tids:
+                woken_by_python[wakee] += count
+                waker_of.setdefault(wakee, Counter())[waker] += count
+    openmp_path = manifest_target.get("openmp_runtime")
+    roles: list[ThreadRole] = []
+    members: dict[str, list[int]] = {}
+    dispatchers: dict[str, Counter[int]] = {}
+    for tid in tids:
+        name = names.get(tid, "?")
+        if tid in python_tids:
+            roles.append(ThreadRole(tid, name, PYTHON, None, "py-spy samples Python frames"))
+            continue
+        counter = votes.get(tid, Counter())
+        pool, evidence = None, ""
+        if counter:
+            pool = counter.most_common(1)[0][0]
+            evidence = f"{sum(counter.values())} perf samples in the {pool} runtime"
+        elif woken_by_python[tid] >= MIN_WAKEUPS and openmp_path:
+            pool = "openmp"
+            evidence = f"woken {woken_by_python[tid]} times by a Python thread"
+        if pool is None:
+            roles.append(ThreadRole(tid, name, OTHER, None, "no pool runtime seen"))
+            continue
+        if woken_by_python[tid]:
+            evidence += f"; woken {woken_by_python[tid]}x by Python threads"
+            dispatchers.setdefault(pool, Counter()).update(waker_of[tid])
+        roles.append(ThreadRole(tid, name, WORKER, pool, evidence))
+        members.setdefault(pool, []).append(tid)
+    pools = []
+    for pool_name, workers in members.items():
+        runtime = (
+            openmp_path
+            if pool_name == "openmp"
+            else next(
+                (r["path"] for r in manifest_target.get("runtimes", []) if r["name"] == pool_name),
+                None,
+            )
+        )
+        found = tuple(t for t, _ in dispatchers.get(pool_name, Counter()).most_common())
+        if not found and bundle.sched is not None and len(bundle.sched.region_tid):
+            found = tuple(int(t) for t in np.unique(bundle.sched.region_tid))
+        pools.append(Pool(pool_name, runtime, tuple(sorted(workers)), found))
+    return tuple(roles), tuple(pools)

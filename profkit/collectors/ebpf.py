@@ -1,0 +1,251 @@
+"""eBPF (bcc): scheduler slices, wakeups and OpenMP parallel regions of the target.
+
+The programs live in probes/*.bpf.c and ship inside the wheel as profkit.probes. Each is wrapped
+in a small class that renders its source for one target, so templating is tested without root.
+Probes are attached with pid=TARGET only, and detached by BPF.cleanup() on every exit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import threading
+from dataclasses import dataclass
+from importlib import resources
+
+from .. import procfs
+from ..bccload import BccUnavailable, load_bcc
+from ..target import Runtime, Target
+from .base import Availability, CaptureContext, CollectorResult
+
+NORMALISED_FILE = "ebpf.json"
+
+
+def probe_source(name: str) -> str:
+    return resources.files("profkit.probes").joinpath(name).read_text()
+
+
+@dataclass(frozen=True)
+class SchedProgram:
+    tgid: int
+    emit_slices: bool = True
+
+    def source(self) -> str:
+        text = probe_source("sched.bpf.c")
+        return text.replace("TARGET_TGID", str(self.tgid)).replace(
+            "EMIT_SLICES", "1" if self.emit_slices else "0"
+        )
+
+
+@dataclass(frozen=True)
+class OpenMPProgram:
+    runtime: Runtime
+
+    @property
+    def entry(self) -> tuple[str, str]:
+        """(symbol, handler) of the runtime's fork entry point."""
+        if self.runtime.name == "libiomp5":
+            return "__kmpc_fork_call", "on_kmpc_fork_call"
+        return "GOMP_parallel", "on_gomp_parallel"
+
+    def source(self) -> str:
+        return probe_source("openmp.bpf.c")
+
+
+class Slice(ctypes.Structure):
+    _fields_ = [
+        ("start_ns", ctypes.c_uint64),
+        ("end_ns", ctypes.c_uint64),
+        ("tid", ctypes.c_uint32),
+        ("voluntary", ctypes.c_uint32),
+    ]
+
+
+class Region(ctypes.Structure):
+    _fields_ = [
+        ("start_ns", ctypes.c_uint64),
+        ("end_ns", ctypes.c_uint64),
+        ("tid", ctypes.c_uint32),
+        ("requested", ctypes.c_uint32),
+    ]
+
+
+class EbpfCollector:
+    name = "ebpf"
+
+    def __init__(self, print_programs: bool = False) -> None:
+        self.print_programs = print_programs
+        self._bpf: list[object] = []
+        self._context: CaptureContext | None = None
+        self._poller: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.slices: dict[str, list[int]] = {
+            "start_ns": [],
+            "end_ns": [],
+            "tid": [],
+            "voluntary": [],
+        }
+        self.regions: dict[str, list[int]] = {
+            "start_ns": [],
+            "end_ns": [],
+            "tid": [],
+            "requested": [],
+        }
+        self.lost = {"slices": 0, "regions": 0}
+        self.attached: list[str] = []
+        self.warnings: list[str] = []
+        self._start_ns = 0
+
+    def available(self, target: Target) -> Availability:
+        try:
+            load_bcc()
+        except BccUnavailable as exc:
+            return Availability(False, str(exc))
+        return Availability(True)
+
+    def start(self, context: CaptureContext) -> None:
+        bcc = load_bcc()
+        self._context = context
+        target = context.target
+        sched = SchedProgram(target.pid)
+        programs = [("sched", sched.source())]
+        runtime = target.openmp_runtime
+        if runtime is not None:
+            programs.append(("openmp", OpenMPProgram(runtime).source()))
+        if self.print_programs:
+            for name, text in programs:
+                print(f"/* --- {name} --- */\n{text}")
+        try:
+            sched_bpf = bcc.BPF(text=sched.source())
+            self._bpf.append(sched_bpf)
+            self._seed_threads(sched_bpf, target.pid)
+            sched_bpf["slices"].open_perf_buffer(
+                self._on_slice, page_cnt=256, lost_cb=self._lost("slices")
+            )
+            self.attached += [
+                "tracepoint:sched:sched_switch",
+                "tracepoint:sched:sched_wakeup",
+                "tracepoint:sched:sched_wakeup_new",
+            ]
+            if runtime is not None:
+                self._attach_openmp(bcc, OpenMPProgram(runtime), target.pid)
+        except Exception:
+            self.cleanup()
+            raise
+        self._start_ns = context.clock()
+        self._poller = threading.Thread(target=self._poll, name="profkit-ebpf", daemon=True)
+        self._poller.start()
+
+    def _attach_openmp(self, bcc: object, program: OpenMPProgram, pid: int) -> None:
+        symbol, handler = program.entry
+        bpf = bcc.BPF(text=program.source())  # type: ignore[attr-defined]
+        self._bpf.append(bpf)
+        try:
+            bpf.attach_uprobe(name=program.runtime.path, sym=symbol, fn_name=handler, pid=pid)
+            bpf.attach_uretprobe(
+                name=program.runtime.path, sym=symbol, fn_name="on_region_return", pid=pid
+            )
+        except Exception as exc:  # a stripped or unusual runtime: the rest still works
+            self.warnings.append(f"uprobe on {symbol} in {program.runtime.path} failed: {exc}")
+            return
+        bpf["regions"].open_perf_buffer(self._on_region, page_cnt=64, lost_cb=self._lost("regions"))
+        self.attached += [
+            f"uprobe:{program.runtime.path}:{symbol}",
+            f"uretprobe:{program.runtime.path}:{symbol}",
+        ]
+
+    def _seed_threads(self, bpf: object, pid: int) -> None:
+        times = bpf["times"]  # type: ignore[index]
+        for tid in procfs.list_tids(pid):
+            key = times.Key(tid)
+            times[key] = times.Leaf()
+
+    def _lost(self, which: str):  # type: ignore[no-untyped-def]
+        def record(count: int) -> None:
+            self.lost[which] += count
+
+        return record
+
+    def _on_slice(self, cpu: int, data: int, size: int) -> None:
+        event = ctypes.cast(data, ctypes.POINTER(Slice)).contents
+        for key in ("start_ns", "end_ns", "tid", "voluntary"):
+            self.slices[key].append(getattr(event, key))
+
+    def _on_region(self, cpu: int, data: int, size: int) -> None:
+        event = ctypes.cast(data, ctypes.POINTER(Region)).contents
+        for key in ("start_ns", "end_ns", "tid", "requested"):
+            self.regions[key].append(getattr(event, key))
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            for bpf in list(self._bpf):
+                with contextlib.suppress(Exception):
+                    bpf.perf_buffer_poll(timeout=50)  # type: ignore[attr-defined]
+
+    def progress(self) -> int:
+        return len(self.slices["tid"]) + len(self.regions["tid"])
+
+    def stop(self) -> CollectorResult:
+        assert self._context is not None
+        self._stop.set()
+        if self._poller:
+            self._poller.join(timeout=5)
+        end_ns = self._context.clock()
+        payload = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
+        if self._bpf:
+            sched = self._bpf[0]
+            for key, value in sched["times"].items():  # type: ignore[index]
+                oncpu, offcpu = value.oncpu_ns, value.offcpu_ns
+                # Close the interval each thread is in at the end of the window.
+                if value.last_in_ns:
+                    oncpu += max(0, end_ns - value.last_in_ns)
+                elif value.last_out_ns:
+                    offcpu += max(0, end_ns - value.last_out_ns)
+                payload["threads"][str(key.value)] = {
+                    "oncpu_ns": oncpu,
+                    "offcpu_ns": offcpu,
+                    "voluntary": value.voluntary,
+                    "involuntary": value.involuntary,
+                }
+            payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]  # type: ignore[index]
+            if len(self._bpf) > 1:
+                hist = self._bpf[1]["duration_us_log2"]  # type: ignore[index]
+                payload["histogram_us_log2"] = {
+                    str(k.value): v.value for k, v in hist.items() if v.value
+                }
+        self.cleanup()
+        payload.update(
+            {
+                "slices": self.slices,
+                "regions": self.regions,
+                "lost": self.lost,
+                "attached": self.attached,
+                "warnings": self.warnings,
+                "window": {"start_ns": self._start_ns, "end_ns": end_ns},
+                "runtime": (
+                    self._context.target.openmp_runtime.path
+                    if self._context.target.openmp_runtime
+                    else None
+                ),
+            }
+        )
+        (self._context.directory / NORMALISED_FILE).write_text(json.dumps(payload))
+        return CollectorResult(
+            self.name,
+            "ok",
+            "; ".join(self.warnings),
+            samples=self.progress(),
+            lost=sum(self.lost.values()),
+            start_ns=self._start_ns,
+            end_ns=end_ns,
+            files=(NORMALISED_FILE,),
+            notes={"attached": self.attached, "regions": len(self.regions["tid"])},
+        )
+
+    def cleanup(self) -> None:
+        """Detach every probe; safe to call more than once."""
+        while self._bpf:
+            bpf = self._bpf.pop()
+            with contextlib.suppress(Exception):
+                bpf.cleanup()  # type: ignore[attr-defined]

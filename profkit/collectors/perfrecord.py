@@ -1,0 +1,162 @@
+"""perf record: cpu-clock samples with call graphs for every thread, the native truth.
+
+Frame-pointer unwinding is the default: measured on the fanout recipe (4 s at 99 Hz), it wrote
+0.09 MB and `perf script` took 1.3 s, against 9.3 MB for DWARF with 16 KiB stacks. PyTorch
+wheels have no frame pointers, so fp stacks stop inside libtorch_cpu, but their leaf frames name
+the kernel at work (direct_copy_kernel, the OpenMP barrier, page faults), which is what the
+worker analysis needs; the dispatcher's call path comes from py-spy. `--perf-callgraph dwarf`
+trades size for whole stacks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+
+import sh
+
+from ..target import Target
+from ..tools import find_tool
+from .base import Availability, CaptureContext, CollectorResult
+from .child import ChildTool
+
+DATA_FILE = "perf.data"
+NORMALISED_FILE = "perf.json"
+CALLGRAPHS = {"fp": ["--call-graph", "fp"], "dwarf": ["--call-graph", "dwarf,16384"]}
+
+
+class PerfRecordCollector:
+    name = "perf_record"
+
+    def __init__(self) -> None:
+        self._tool = find_tool("perf")
+        self._child: ChildTool | None = None
+        self._context: CaptureContext | None = None
+
+    def available(self, target: Target) -> Availability:
+        if self._tool.path is None:
+            return Availability(False, "perf not found (apt-get install linux-perf)")
+        return Availability(True)
+
+    def start(self, context: CaptureContext) -> None:
+        assert self._tool.path is not None
+        self._context = context
+        callgraph = context.options.get("perf_callgraph", "fp")
+        max_mb = context.options.get("perf_max_mb", "64")
+        args = [
+            "record",
+            "-e",
+            "cpu-clock",
+            "-F",
+            str(context.options.get("perf_rate", 99)),
+            *CALLGRAPHS[callgraph],
+            "-k",
+            "CLOCK_MONOTONIC",
+            "-p",
+            str(context.target.pid),
+            "--max-size",
+            f"{max_mb}M",
+            "-o",
+            str(context.directory / DATA_FILE),
+        ]
+        self._child = ChildTool(self.name, self._tool.path, args, context.directory)
+
+    def progress(self) -> int:
+        return 0
+
+    def stop(self) -> CollectorResult:
+        assert self._child is not None and self._context is not None and self._tool.path
+        exit_code = self._child.stop()
+        directory = self._context.directory
+        notes: dict[str, object] = {
+            "callgraph": self._context.options.get("perf_callgraph", "fp"),
+            "rate_hz": int(self._context.options.get("perf_rate", 99)),
+            "exit_code": exit_code,
+        }
+        if not (directory / DATA_FILE).exists():
+            return CollectorResult(
+                self.name, "failed", self._child.stderr_text()[-200:], notes=notes
+            )
+        script = sh.Command(self._tool.path)(
+            "script",
+            "-i",
+            str(directory / DATA_FILE),
+            "--no-inline",
+            "--show-lost-events",
+            "-F",
+            "tid,time,period,ip,sym,dso",
+            _iter=True,
+            _tty_out=False,
+            _err="/dev/null",
+            _ok_code=list(range(256)),
+        )
+        samples = parse_script(script)
+        (directory / NORMALISED_FILE).write_text(json.dumps(samples))
+        count = len(samples["samples"]["t_ns"])
+        return CollectorResult(
+            self.name,
+            "ok" if count else "partial",
+            "" if count else "no samples",
+            samples=count,
+            lost=samples["lost"],
+            start_ns=min(samples["samples"]["t_ns"], default=None),
+            end_ns=max(samples["samples"]["t_ns"], default=None),
+            files=(DATA_FILE, NORMALISED_FILE),
+            notes=notes,
+        )
+
+
+def _frames(block: list[str]) -> Iterator[tuple[str, str]]:
+    for line in block:
+        parts = line.strip().split(None, 1)
+        if len(parts) < 2:
+            continue
+        rest = parts[1]
+        symbol, _, dso = rest.rpartition(" (")
+        yield (symbol or rest, dso.rstrip(")"))
+
+
+def parse_script(lines: Iterable[str]) -> dict:
+    """Stream `perf script` text into tables: frames, stacks (root first) and sample columns."""
+    frames: dict[tuple[str, str], int] = {}
+    stacks: dict[tuple[int, ...], int] = {}
+    columns: dict[str, list[int]] = {"t_ns": [], "tid": [], "period_ns": [], "stack": []}
+    lost = 0
+    header: list[str] | None = None
+    block: list[str] = []
+
+    def flush() -> None:
+        if header is None:
+            return
+        chain = [frames.setdefault(frame, len(frames)) for frame in _frames(block)]
+        chain.reverse()
+        columns["stack"].append(stacks.setdefault(tuple(chain), len(stacks)))
+
+    for raw in lines:
+        line = raw.rstrip("\n")
+        if not line.strip():
+            continue
+        if line.startswith("\t") and header is not None:
+            block.append(line)
+            continue
+        if "LOST" in line and "events" in line:
+            lost += next((int(w) for w in line.split() if w.isdigit()), 0)
+            continue
+        fields = line.replace(":", " ").split()
+        if len(fields) < 2 or not fields[0].isdigit():
+            continue
+        flush()
+        block = []
+        header = fields
+        columns["tid"].append(int(fields[0]))
+        columns["t_ns"].append(round(float(fields[1]) * 1e9))
+        columns["period_ns"].append(
+            int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else 0
+        )
+    flush()
+    return {
+        "frames": [list(f) for f in frames],
+        "stacks": [list(s) for s in stacks],
+        "samples": columns,
+        "lost": lost,
+    }

@@ -1,0 +1,51 @@
+"""`profkit attach`: capture a live process with every collector into a session bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..bundle import default_directory
+from ..capture import CaptureRequest, capture, parse_collectors, progress_printer
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
+from ..target import Target, inspect
+from .options import capture_options, pid_option
+from .summary import print_outcome
+
+
+def run_capture(
+    target: Target,
+    duration: float,
+    out: str | None,
+    rate: int,
+    collectors: str | None,
+    max_size_mb: float,
+    perf_callgraph: str,
+    perf_rate: int,
+    no_report: bool,
+) -> int:
+    if duration <= 0:
+        raise UsageError(f"--duration must be positive, got {duration:g}")
+    if max_size_mb <= 0:
+        raise UsageError(f"--max-size must be positive, got {max_size_mb:g}")
+    request = CaptureRequest(
+        target=target,
+        directory=Path(out) if out else default_directory(target.pid),
+        duration_s=duration,
+        rate_hz=rate,
+        collectors=parse_collectors(collectors),
+        max_size_mb=max_size_mb,
+        options={"perf_callgraph": perf_callgraph, "perf_rate": str(perf_rate)},
+    )
+    manifest = capture(request, on_tick=progress_printer())
+    print_outcome(request.directory, manifest, report=not no_report)
+    return EXIT_INTERRUPTED if manifest["status"] == "partial" else EXIT_OK
+
+
+@click.command()
+@pid_option
+@capture_options
+def attach(pid: int, **options: object) -> int:
+    """Attach to a live process, capture, save a bundle and print the verdict."""
+    return run_capture(inspect(pid), **options)  # type: ignore[arg-type]

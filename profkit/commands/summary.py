@@ -1,0 +1,38 @@
+"""What attach and run print when the capture ends."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ..render.table import table
+
+
+def print_outcome(directory: Path, manifest: dict, report: bool) -> None:
+    if sys.stderr.isatty():
+        click.echo("", err=True)
+    window = manifest["window"]
+    seconds = (window["end_ns"] - window["start_ns"]) / 1e9
+    status = manifest["status"] + (
+        f" ({manifest['status_reason']})" if manifest["status_reason"] else ""
+    )
+    click.echo(f"bundle {directory}  {seconds:.1f} s  {status}")
+    rows = []
+    for name, result in manifest["collectors"].items():
+        rows.append((name, result["status"], result["samples"], result["lost"], result["reason"]))
+    click.echo(
+        table(
+            ("collector", "status", "samples", "lost", "note"),
+            rows,
+            (12, 11, 8, 5, 0),
+            wrap_last=38,
+        )
+    )
+    if report:
+        from ..analysis.pipeline import analyse_bundle
+        from ..render.text import render_text
+
+        click.echo("")
+        click.echo(render_text(analyse_bundle(directory)))

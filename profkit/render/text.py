@@ -1,0 +1,109 @@
+"""The text report: the verdict first, then the tables that prove it, in 80 columns."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ..analysis.pipeline import Report
+from .table import table
+
+WIDTH = 80
+
+
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def _short(label: str, width: int = 30) -> str:
+    """The last path components that fit, so that the file name and line always show."""
+    parts = label.split("/")
+    kept = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(part) + 1 + len(kept) > width:
+            break
+        kept = f"{part}/{kept}"
+    return kept
+
+
+def render_text(report: Report) -> str:
+    recon = report.reconciliation
+    target = report.bundle.manifest.get("target", {})
+    lines = [
+        f"profkit report: pid {target.get('pid')}  {' '.join(target.get('cmdline', []))}"[:WIDTH],
+        f"window {recon.window_seconds:.1f} s, status {report.bundle.manifest.get('status')}",
+        "",
+    ]
+    lines.append("VERDICT")
+    if not report.findings:
+        lines.append("  no finding: no thread pool burns a significant share of this process")
+    for finding in report.findings:
+        lines += _wrap(f"[{finding.severity}] {finding.id}: {finding.summary}")
+        lines += _wrap(f"fix: {finding.fix}", "      ")
+    lines += ["", "WHERE THE CPU GOES (cores; /proc is the ground truth)"]
+    rows = [
+        ("process (ground truth)", f"{recon.process_cores:.2f}"),
+        ("py-spy sampled", f"{recon.python_sampled_cores:.2f}"),
+        ("  python (interpreted)", f"{recon.python:.2f}"),
+        ("  native in python threads", f"{recon.native_in_python_threads:.2f}"),
+        ("  pool workers", f"{recon.pool_workers:.2f}"),
+        ("  other threads", f"{recon.other:.2f}"),
+        ("  unexplained", f"{recon.unexplained_cores:+.2f} ({recon.closure_pct:.1f}%)"),
+    ]
+    lines.append(table(("", "cores"), rows))
+    for pool in report.pools:
+        lines += [
+            "",
+            f"POOL {pool.pool.name}: {len(pool.pool.workers)} workers (team "
+            f"{pool.pool.team_size}), {pool.cores:.2f} cores, {pool.regions} regions",
+        ]
+        if pool.activity and pool.activity.samples:
+            shares = "  ".join(f"{k} {100 * v:.0f}%" for k, v in pool.activity.shares.items())
+            lines.append(f"  activity ({pool.activity.samples} perf samples): {shares}")
+            kinds = ", ".join(f"{k} {100 * v:.0f}%" for k, v in pool.activity.kernel_kinds.items())
+            if kinds:
+                lines.append(f"  kernel: {kinds}")
+            if pool.activity.top_work:
+                work = ", ".join(f"{s} {100 * v:.0f}%" for s, v in pool.activity.top_work[:3])
+                lines += _wrap(f"work: {work}")
+        attribution = pool.attribution
+        spread = f"±{100 * attribution.uncertainty:.0f}%"
+        lines += _wrap(f"dispatched from ({attribution.method}, {spread}): {attribution.reason}")
+        if attribution.sites:
+            rows = [
+                (
+                    _short(s.site.label),
+                    s.site.function[:18],
+                    s.op or "?",
+                    f"{s.pool_cores:.2f}",
+                    f"{100 * s.share:.0f}%",
+                )
+                for s in attribution.sites[:5]
+            ]
+            lines.append(table(("site", "function", "op", "cores", "share"), rows))
+            top = attribution.sites[0]
+            if top.code:
+                lines.append(f"  {_short(top.site.label)}: {top.code}"[:WIDTH])
+    quota = report.quota
+    if quota is not None:
+        lines += ["", "QUOTA"]
+        if quota.effective_cores is None:
+            lines.append("  no CPU quota")
+        else:
+            throttled = quota.throttled_periods_pct
+            lines.append(
+                f"  {quota.effective_cores:g} cores set by {quota.source}; throttled "
+                f"{'-' if throttled is None else f'{throttled:.0f}%'} of "
+                f"{quota.periods} periods ({quota.throttled_seconds:.2f} s)"
+            )
+        usage = "-" if quota.usage_cores is None else f"{quota.usage_cores:.2f}"
+        lines.append(
+            f"  group usage {usage} cores; recommended threads {quota.recommended_threads}"
+        )
+    lines += ["", "THREADS (top 8 by CPU)"]
+    rows = [(t.tid, t.name[:15], t.role, t.pool or "", f"{t.cores:.2f}") for t in recon.threads[:8]]
+    lines.append(table(("tid", "name", "role", "pool", "cores"), rows))
+    if report.missing:
+        lines += ["", "NOT CAPTURED"]
+        for name, reason in report.missing.items():
+            lines += _wrap(f"{name}: {reason}")
+    return "\n".join(lines)
