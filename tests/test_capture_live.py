@@ -1,0 +1,235 @@
+"""`profkit attach` on real recipe processes: every collector, one clock, clean exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from profkit import procfs
+from profkit.analysis.records import load_bundle
+
+from .conftest import ROOT, needs_root, run_profkit
+
+pytestmark = [needs_root(), pytest.mark.live]
+SIX = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
+
+
+def attach(
+    pid: int, out: Path, *extra: str, env: dict[str, str] | None = None, duration: float = 4.0
+) -> subprocess.CompletedProcess[str]:
+    return run_profkit(
+        "attach",
+        "--pid",
+        str(pid),
+        "--duration",
+        str(duration),
+        "--out",
+        str(out),
+        "--no-report",
+        *extra,
+        env=env,
+        timeout=180,
+    )
+
+
+@pytest.fixture(scope="module")
+def fanout_capture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One capture of the fanout recipe (8 threads), shared by the tests below."""
+    from .conftest import Recipe, _start
+
+    out = tmp_path_factory.mktemp("fanout") / "bundle"
+    recipe: Recipe = _start(
+        [
+            str(ROOT / "recipes/shm_fanout.py"),
+            "--copy",
+            "torch",
+            "--threads",
+            "8",
+            "--report-every",
+            "0.02",
+        ],
+        None,
+        None,
+    )
+    time.sleep(1.0)
+    result = attach(recipe.pid, out)
+    recipe.stop()
+    assert result.returncode == 0, result.stderr
+    yield out, recipe
+
+
+def progress(recipe) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
+    return [
+        (int(line.split("t_ns=")[1]), int(line.split()[1].split("=")[1]))
+        for line in recipe.output.splitlines()
+        if line.startswith("progress")
+    ]
+
+
+def test_all_six_collectors_have_data(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+    out, _ = fanout_capture
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    for name in SIX:
+        result = manifest["collectors"][name]
+        assert result["status"] == "ok", (name, result)
+        assert result["samples"] > 0, name
+    assert oct(out.stat().st_mode & 0o777) == "0o700"
+    assert oct((out / "manifest.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_perf_shows_workers_in_the_copy_kernel(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+    out, recipe = fanout_capture
+    bundle = load_bundle(out)
+    assert bundle.perf is not None
+    workers = set(np.unique(bundle.perf.tid).tolist()) - {recipe.pid}
+    assert len(workers) >= 4
+    kernel_tids = set()
+    for tid, stack in zip(bundle.perf.tid, bundle.perf.stack, strict=True):
+        names = [bundle.perf.frames[f][0] for f in bundle.perf.stacks[int(stack)]]
+        if int(tid) != recipe.pid and any("direct_copy_kernel" in n for n in names):
+            kernel_tids.add(int(tid))
+    assert len(kernel_tids) >= 4, kernel_tids
+
+
+def test_region_count_matches_copies(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+    out, recipe = fanout_capture
+    bundle = load_bundle(out)
+    assert bundle.sched is not None and bundle.sched.uprobes_attached
+    marks = progress(recipe)
+    start, end = bundle.window
+    inside = [m for m in marks if start <= m[0] <= end]
+    assert len(inside) > 10
+    (t0, c0), (t1, c1) = inside[0], inside[-1]
+    copies = c1 - c0
+    regions = int(((bundle.sched.region_start >= t0) & (bundle.sched.region_start <= t1)).sum())
+    assert copies > 50
+    assert abs(regions - copies) <= 0.05 * copies, (regions, copies)
+
+
+def test_main_thread_wakes_the_workers(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+    out, recipe = fanout_capture
+    bundle = load_bundle(out)
+    assert bundle.sched is not None
+    woken = {
+        wakee for waker, wakee, count in bundle.sched.wakeups if waker == recipe.pid and count >= 10
+    }
+    workers = {int(t) for t in np.unique(bundle.perf.tid)} - {recipe.pid}  # type: ignore[union-attr]
+    assert len(woken & workers) >= 4, (woken, workers)
+
+
+def test_proc_threads_sum_to_process_total(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+    out, _ = fanout_capture
+    bundle = load_bundle(out)
+    proc = bundle.proc
+    assert proc is not None
+    first, last = proc.process_t_ns[0], proc.process_t_ns[-1]
+    total = proc.process_ticks[-1] - proc.process_ticks[0]
+    threads = 0
+    for tid in np.unique(proc.tid):
+        rows = proc.tid == tid
+        values, times = proc.cpu_ticks[rows], proc.t_ns[rows]
+        threads += values[-1] - (values[0] if times[0] == first else 0)
+        assert times[-1] == last  # no thread exited: the sum is comparable
+    assert total > 100
+    assert abs(threads - total) <= 0.02 * total, (threads, total)
+
+
+def test_pyspy_is_on_the_bundle_clock(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+    out, recipe = fanout_capture
+    bundle = load_bundle(out)
+    assert bundle.pyspy is not None
+    assert recipe.pid in bundle.pyspy.names
+    start, end = bundle.window
+    # Every py-spy span lies within the capture, give or take the tools' start and stop.
+    assert bundle.pyspy.start_ns.min() >= start - 2_000_000_000
+    assert bundle.pyspy.end_ns.max() <= end + 5_000_000_000
+
+
+def test_capture_without_bcc_says_why(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "4")
+    result = attach(recipe.pid, tmp_path / "b", env={"PROFKIT_DISABLE_BCC": "1"}, duration=2)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "b/manifest.json").read_text())
+    ebpf = manifest["collectors"]["ebpf"]
+    assert ebpf["status"] == "unavailable" and "PROFKIT_DISABLE_BCC" in ebpf["reason"]
+    for name in ("proc", "cgroup", "perf_stat", "perf_record", "pyspy"):
+        assert manifest["collectors"][name]["status"] == "ok", name
+    report = run_profkit("report", str(tmp_path / "b"), "--format", "json")
+    assert report.returncode == 0, report.stderr
+    assert "ebpf" in json.loads(report.stdout)["not_captured"]
+
+
+def uprobes_of(pid: int) -> str:
+    for base in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
+        path = Path(base) / "uprobe_events"
+        if path.exists():
+            return "\n".join(
+                line
+                for line in path.read_text().splitlines()
+                if str(pid) in line or "GOMP" in line or "kmpc" in line
+            )
+    return ""
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_sigint_stops_quickly_and_leaves_nothing(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "profkit",
+            "attach",
+            "--pid",
+            str(recipe.pid),
+            "--duration",
+            "60",
+            "--out",
+            str(tmp_path / "b"),
+            "--no-report",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    manifest_path = tmp_path / "b/manifest.json"
+    deadline = time.monotonic() + 60
+    tools: list[int] = []
+    while time.monotonic() < deadline:  # wait until the tools run
+        tools = children_of(process.pid)
+        if len(tools) >= 3 and manifest_path.exists():
+            break
+        time.sleep(0.2)
+    time.sleep(2.0)
+    tools = children_of(process.pid)
+    assert len(tools) >= 3, "py-spy, perf stat and perf record should be running"
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    took = time.monotonic() - sent
+    assert took < 5.0, f"profkit took {took:.1f} s to stop"
+    assert process.returncode == 130, err
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["status"] == "partial" and "SIGINT" in manifest["status_reason"]
+    assert procfs.read_stat(recipe.pid).state != "T"
+    assert all(procfs.read_stat(recipe.pid, t).state != "T" for t in procfs.list_tids(recipe.pid))
+    assert uprobes_of(recipe.pid) == ""
+    for tool in tools:
+        assert not Path(f"/proc/{tool}").exists() or procfs.read_stat(tool).state == "Z", tool
+    time.sleep(0.5)
+    assert recipe.process.poll() is None, "the target must keep running"
+    os.kill(recipe.pid, 0)
