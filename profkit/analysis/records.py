@@ -66,6 +66,7 @@ class SchedData:
     slice_tid: np.ndarray
     slice_start: np.ndarray
     slice_end: np.ndarray
+    slice_voluntary: np.ndarray
     region_tid: np.ndarray
     region_start: np.ndarray
     region_end: np.ndarray
@@ -196,6 +197,7 @@ def _sched(directory: Path) -> SchedData | None:
             slice_tid=_array(slices["tid"], "tid", "ebpf.json"),
             slice_start=_array(slices["start_ns"], "start_ns", "ebpf.json"),
             slice_end=_array(slices["end_ns"], "end_ns", "ebpf.json"),
+            slice_voluntary=_array(slices["voluntary"], "voluntary", "ebpf.json"),
             region_tid=_array(regions["tid"], "tid", "ebpf.json"),
             region_start=_array(regions["start_ns"], "start_ns", "ebpf.json"),
             region_end=_array(regions["end_ns"], "end_ns", "ebpf.json"),

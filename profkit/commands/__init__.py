@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from .attach import attach
 from .doctor import doctor
+from .export import export
+from .flame import flame
 from .ps import ps
 from .quota import quota
 from .report import report
 from .run import run
+from .timeline import timeline
 
-COMMANDS = [doctor, ps, quota, attach, run, report]
+COMMANDS = [doctor, ps, quota, attach, run, report, flame, timeline, export]

@@ -5,16 +5,25 @@ from __future__ import annotations
 import click
 
 from ..analysis.pipeline import analyse_bundle
+from ..render.html_report import render_html
 from ..render.json_report import render_json
 from ..render.text import render_text
+from .flame import write_output
+
+RENDERERS = {"text": render_text, "json": render_json, "html": render_html}
 
 
 @click.command()
 @click.argument("bundle", type=click.Path(file_okay=False))
 @click.option(
-    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
+    "--format", "fmt", type=click.Choice(list(RENDERERS)), default="text", show_default=True
 )
-def report(bundle: str, fmt: str) -> None:
+@click.option("--output", "-o", help="Write to this file instead of standard output.")
+def report(bundle: str, fmt: str, output: str | None) -> None:
     """Reconcile, attribute and diagnose a captured session bundle."""
-    result = analyse_bundle(bundle)
-    click.echo(render_json(result) if fmt == "json" else render_text(result))
+    text = RENDERERS[fmt](analyse_bundle(bundle))
+    if output:
+        write_output(output, text)
+        click.echo(f"wrote {output}")
+    else:
+        click.echo(text)

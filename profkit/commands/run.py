@@ -9,6 +9,7 @@ import time
 
 import click
 
+from ..autothreads import environment
 from ..errors import CaptureFailed, UsageError
 from ..target import inspect
 from .attach import run_capture
@@ -24,14 +25,25 @@ from .options import capture_options
     help="Seconds the command runs before the capture starts.",
 )
 @click.option("--keep-running", is_flag=True, help="Leave the command running afterwards.")
+@click.option(
+    "--cap-threads",
+    is_flag=True,
+    help="Set OMP/MKL/OPENBLAS_NUM_THREADS from the effective CPU quota.",
+)
 @capture_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(delay: float, keep_running: bool, command: tuple[str, ...], **options: object) -> int:
+def run(
+    delay: float, keep_running: bool, cap_threads: bool, command: tuple[str, ...], **options: object
+) -> int:
     """Start COMMAND, wait --delay seconds, capture it, then stop it."""
     if delay < 0:
         raise UsageError(f"--delay must be >= 0, got {delay:g}")
+    env = None
+    if cap_threads:
+        env, cap = environment()
+        click.echo(cap.describe(), err=True)
     try:
-        process = subprocess.Popen(list(command))
+        process = subprocess.Popen(list(command), env=env)
     except OSError as exc:
         raise UsageError(f"cannot start {command[0]}: {exc.strerror}") from exc
     try:

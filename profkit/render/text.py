@@ -90,10 +90,10 @@ def render_text(report: Report) -> str:
             lines.append("  no CPU quota")
         else:
             throttled = quota.throttled_periods_pct
-            lines.append(
-                f"  {quota.effective_cores:g} cores set by {quota.source}; throttled "
-                f"{'-' if throttled is None else f'{throttled:.0f}%'} of "
-                f"{quota.periods} periods ({quota.throttled_seconds:.2f} s)"
+            lines += _wrap(
+                f"{quota.effective_cores:g} cores set by {quota.source}; throttled "
+                f"{'-' if throttled is None else f'{throttled:.0f}%'} of {quota.periods} periods "
+                f"({quota.throttled_seconds:.2f} s held back, summed over CPUs)"
             )
         usage = "-" if quota.usage_cores is None else f"{quota.usage_cores:.2f}"
         lines.append(

@@ -1,0 +1,42 @@
+"""`profkit flame BUNDLE -o FILE.svg`: an interactive flame graph of a saved bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..analysis.pipeline import analyse_bundle
+from ..analysis.stacks import VIEWS, build
+from ..errors import OutputError
+from ..render.flame_svg import render_svg
+
+
+def write_output(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror}") from exc
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option("--output", "-o", required=True, help="SVG file to write.")
+@click.option("--view", type=click.Choice(VIEWS), default="merged", show_default=True)
+@click.option(
+    "--diff",
+    "diff_bundle",
+    type=click.Path(file_okay=False),
+    help="Colour frames by how their share changed against this other bundle.",
+)
+def flame(bundle: str, output: str, view: str, diff_bundle: str | None) -> None:
+    """Render a flame graph: merged, python, workers or offcpu."""
+    report = analyse_bundle(bundle)
+    stacks = build(report, view)
+    other = build(analyse_bundle(diff_bundle), view) if diff_bundle else None
+    pid = report.bundle.manifest.get("target", {}).get("pid")
+    title = f"profkit {view} flame graph, pid {pid}" + (
+        f" (diff against {diff_bundle})" if diff_bundle else ""
+    )
+    write_output(output, render_svg(stacks, title, other))
+    click.echo(f"wrote {output}: {stacks.total_seconds:.2f} s of {view} samples")

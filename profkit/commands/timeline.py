@@ -1,0 +1,18 @@
+"""`profkit timeline BUNDLE -o trace.json`: a Chrome/Perfetto trace of the capture."""
+
+from __future__ import annotations
+
+import click
+
+from ..analysis.pipeline import analyse_bundle
+from ..render.timeline import render_timeline
+from .flame import write_output
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option("--output", "-o", required=True, help="Trace JSON file to write.")
+def timeline(bundle: str, output: str) -> None:
+    """Threads on and off CPU, parallel regions, py-spy samples and throttling over time."""
+    write_output(output, render_timeline(analyse_bundle(bundle)))
+    click.echo(f"wrote {output}")
