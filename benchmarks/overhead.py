@@ -31,25 +31,38 @@ class Config:
     name: str
     kind: str  # "bare", "pyspy" (py-spy alone) or "profkit"
     arg: str = ""  # py-spy rate, or profkit collectors ("" = default set)
+    rate: str = ""  # profkit's py-spy rate ("" = profkit's default)
 
 
-CONFIGS = {
-    "bare": Config("bare", "bare"),
-    "pyspy-native-100hz": Config("pyspy-native-100hz", "pyspy", "100"),
-    "pyspy-native-20hz": Config("pyspy-native-20hz", "pyspy", "20"),
-    "profkit-default": Config("profkit-default", "profkit", ""),
-    "profkit-proc": Config("profkit-proc", "profkit", "proc"),
-    "profkit-cgroup": Config("profkit-cgroup", "profkit", "cgroup"),
-    "profkit-perf_stat": Config("profkit-perf_stat", "profkit", "perf_stat"),
-    "profkit-perf_record": Config("profkit-perf_record", "profkit", "perf_record"),
-    "profkit-ebpf": Config("profkit-ebpf", "profkit", "ebpf"),
-    "profkit-pyspy": Config("profkit-pyspy", "profkit", "pyspy"),
-}
+DEFAULT_CONFIGS = (
+    "bare,pyspy-native-100hz,pyspy-native-20hz,profkit-default,profkit-proc,"
+    "profkit-cgroup,profkit-perf_stat,profkit-perf_record,profkit-ebpf,"
+    "profkit-pyspy"
+)
+
+
+def parse_config(name: str) -> Config:
+    """bare | pyspy-native-<N>hz | profkit-default[-<N>hz] | profkit-<collector>[-<N>hz]."""
+    if name == "bare":
+        return Config(name, "bare")
+    if name.startswith("pyspy-native-") and name.endswith("hz"):
+        return Config(name, "pyspy", name.removeprefix("pyspy-native-").removesuffix("hz"))
+    if name.startswith("profkit-"):
+        rest = name.removeprefix("profkit-")
+        rate = ""
+        if rest.endswith("hz") and "-" in rest:
+            rest, rate = rest.rsplit("-", 1)
+            rate = rate.removesuffix("hz")
+        return Config(name, "profkit", "" if rest == "default" else rest, rate)
+    raise SystemExit(f"unknown configuration {name}")
 
 
 def progress(output: str) -> list[tuple[int, int]]:
-    return [(int(line.split("t_ns=")[1]), int(line.split()[1].split("=")[1]))
-            for line in output.splitlines() if line.startswith("progress")]
+    return [
+        (int(line.split("t_ns=")[1]), int(line.split()[1].split("=")[1]))
+        for line in output.splitlines()
+        if line.startswith("progress")
+    ]
 
 
 def rate_between(marks: list[tuple[int, int]], start: int, end: int) -> float:
@@ -62,9 +75,21 @@ def rate_between(marks: list[tuple[int, int]], start: int, end: int) -> float:
 
 def run_once(config: Config, threads: int, seconds: float, warmup: float) -> float:
     recipe = subprocess.Popen(
-        [sys.executable, "-u", str(ROOT / "recipes/shm_fanout.py"), "--copy", "torch",
-         "--threads", str(threads), "--report-every", "0.05"],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        [
+            sys.executable,
+            "-u",
+            str(ROOT / "recipes/shm_fanout.py"),
+            "--copy",
+            "torch",
+            "--threads",
+            str(threads),
+            "--report-every",
+            "0.05",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert recipe.stdout is not None
     recipe.stdout.readline()
     time.sleep(warmup)
@@ -76,18 +101,47 @@ def run_once(config: Config, threads: int, seconds: float, warmup: float) -> flo
     elif config.kind == "pyspy":
         with tempfile.TemporaryDirectory() as scratch:
             start = time.monotonic_ns()
-            subprocess.run([PYSPY, "record", "--native", "--idle", "--rate", config.arg,
-                            "--duration", str(int(seconds)), "--format", "raw", "--output",
-                            f"{scratch}/out.txt", "--pid", str(recipe.pid)],
-                           capture_output=True, check=False)
+            subprocess.run(
+                [
+                    PYSPY,
+                    "record",
+                    "--native",
+                    "--idle",
+                    "--rate",
+                    config.arg,
+                    "--duration",
+                    str(int(seconds)),
+                    "--format",
+                    "raw",
+                    "--output",
+                    f"{scratch}/out.txt",
+                    "--pid",
+                    str(recipe.pid),
+                ],
+                capture_output=True,
+                check=False,
+            )
             # py-spy attaches for a moment before it samples; skip its first half second.
             window = (start + 500_000_000, time.monotonic_ns())
     else:
         with tempfile.TemporaryDirectory() as scratch:
-            args = [sys.executable, "-m", "profkit", "attach", "--pid", str(recipe.pid),
-                    "--duration", str(seconds), "--out", f"{scratch}/b", "--no-report"]
+            args = [
+                sys.executable,
+                "-m",
+                "profkit",
+                "attach",
+                "--pid",
+                str(recipe.pid),
+                "--duration",
+                str(seconds),
+                "--out",
+                f"{scratch}/b",
+                "--no-report",
+            ]
             if config.arg:
                 args += ["--collectors", config.arg]
+            if config.rate:
+                args += ["--rate", config.rate]
             subprocess.run(args, capture_output=True, check=False, cwd=ROOT)
             manifest = json.loads(Path(f"{scratch}/b/manifest.json").read_text())
             window = (manifest["window"]["start_ns"], manifest["window"]["end_ns"])
@@ -102,31 +156,35 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--warmup", type=float, default=1.5)
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS)
     parser.add_argument("--json", help="also write the raw rates here")
     args = parser.parse_args()
-    configs = [CONFIGS[name] for name in args.configs.split(",")]
+    configs = [parse_config(name) for name in args.configs.split(",")]
     if configs[0].kind != "bare":
-        configs.insert(0, CONFIGS["bare"])
+        configs.insert(0, parse_config("bare"))
     pools = [int(t) for t in args.threads.split(",")]
     rates: dict[tuple[int, str], list[float]] = {}
-    print(f"# {os.cpu_count()} CPUs, {args.repeats} rounds, {args.seconds:g} s windows",
-          flush=True)
+    print(f"# {os.cpu_count()} CPUs, {args.repeats} rounds, {args.seconds:g} s windows", flush=True)
     for round_index in range(args.repeats):
         for threads in pools:
             for config in configs:
                 rate = run_once(config, threads, args.seconds, args.warmup)
                 rates.setdefault((threads, config.name), []).append(rate)
-                print(f"# round {round_index + 1} threads {threads} {config.name}: "
-                      f"{rate:.1f} copies/s", flush=True)
+                print(
+                    f"# round {round_index + 1} threads {threads} {config.name}: "
+                    f"{rate:.1f} copies/s",
+                    flush=True,
+                )
     print(f"\n{'threads':>7}  {'configuration':<22} {'copies/s':>9}  {'ratio':>6}  spread")
     for threads in pools:
         bare = statistics.median(rates[(threads, "bare")])
         for config in configs:
             values = rates[(threads, config.name)]
             ratios = [v / bare for v in values]
-            print(f"{threads:>7}  {config.name:<22} {statistics.median(values):>9.1f}  "
-                  f"{statistics.median(ratios):>6.3f}  {min(ratios):.3f}-{max(ratios):.3f}")
+            print(
+                f"{threads:>7}  {config.name:<22} {statistics.median(values):>9.1f}  "
+                f"{statistics.median(ratios):>6.3f}  {min(ratios):.3f}-{max(ratios):.3f}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({f"{t}:{n}": v for (t, n), v in rates.items()}))
     return 0

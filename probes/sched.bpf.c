@@ -1,5 +1,8 @@
 // Scheduler view of one process: per-thread on-CPU and off-CPU time, voluntary and involuntary
-// switches, and who wakes whom. TARGET_TGID is substituted by profkit before compiling.
+// switches, who wakes whom, and a log of on-CPU slices for the timeline. The log is an array
+// read in bulk after the capture: a per-event perf buffer would make profkit wake for every
+// context switch of a large pool, and that CPU is taken from the target.
+// TARGET_TGID and SLICE_CAPACITY are substituted by profkit before compiling.
 #include <linux/sched.h>
 
 struct thread_time {
@@ -25,7 +28,26 @@ struct slice {
 
 BPF_HASH(times, u32, struct thread_time, 16384);
 BPF_HASH(wakeups, struct wake_key, u64, 65536);
-BPF_PERF_OUTPUT(slices);
+BPF_ARRAY(slice_log, struct slice, SLICE_CAPACITY);
+BPF_ARRAY(slice_count, u64, 1);
+
+static inline void log_slice(u64 start, u64 end, u32 tid, u32 voluntary) {
+    u32 zero = 0;
+    u64 *count = slice_count.lookup(&zero);
+    if (!count)
+        return;
+    u64 index = __sync_fetch_and_add(count, 1);
+    if (index >= SLICE_CAPACITY)
+        return;  // counted: the reader reports count - capacity as lost
+    u32 slot = index;
+    struct slice *s = slice_log.lookup(&slot);
+    if (s) {
+        s->start_ns = start;
+        s->end_ns = end;
+        s->tid = tid;
+        s->voluntary = voluntary;
+    }
+}
 
 TRACEPOINT_PROBE(sched, sched_switch) {
     u64 now = bpf_ktime_get_ns();
@@ -41,10 +63,8 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             u32 voluntary = args->prev_state != 0;  // TASK_RUNNING (0) means preempted
             if (t->last_in_ns) {
                 t->oncpu_ns += now - t->last_in_ns;
-                if (EMIT_SLICES) {
-                    struct slice s = {t->last_in_ns, now, prev, voluntary};
-                    slices.perf_submit(args, &s, sizeof(s));
-                }
+                if (SLICE_CAPACITY > 1)
+                    log_slice(t->last_in_ns, now, prev, voluntary);
             }
             t->last_out_ns = now;
             t->last_in_ns = 0;

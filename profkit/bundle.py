@@ -152,13 +152,38 @@ def directory_size(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
 
-# Raw artifacts that analysis does not need, dropped first when a bundle is over --max-size.
-DROPPABLE = ("perf.data", "pyspy.chrometrace.json", "perf_stat.csv")
+# What goes first when a bundle is over --max-size: raw artifacts analysis does not need, then
+# the eBPF scheduler slices (timeline detail), then whole normalised files, least needed first.
+RAW_ARTIFACTS = ("perf.data", "pyspy.chrometrace*.json", "perf_stat.csv", "*.stdout")
+NORMALISED_ORDER = ("perf_stat.json", "perf.json", "pyspy.json", "ebpf.json")
+
+
+def _shrink_ebpf(directory: Path) -> bool:
+    path = directory / "ebpf.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if not data.get("slices", {}).get("tid"):
+        return False
+    data["slices"] = {key: [] for key in data["slices"]}
+    data["slices_dropped_for_size"] = True
+    path.write_text(json.dumps(data))
+    return True
 
 
 def enforce_max_size(directory: Path, max_bytes: int) -> list[str]:
-    dropped = []
-    for name in DROPPABLE:
+    """Bring the bundle under max_bytes; returns what was dropped, in order."""
+    dropped: list[str] = []
+    for pattern in RAW_ARTIFACTS:
+        for path in sorted(directory.glob(pattern)):
+            if directory_size(directory) <= max_bytes:
+                return dropped
+            path.unlink()
+            dropped.append(path.name)
+    if directory_size(directory) > max_bytes and _shrink_ebpf(directory):
+        dropped.append("ebpf.json:slices")
+    for name in NORMALISED_ORDER:
         if directory_size(directory) <= max_bytes:
             break
         path = directory / name

@@ -8,10 +8,11 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import procfs
+from .budget import Budget, BudgetMonitor
 from .bundle import (
     collector_record,
     create_directory,
@@ -27,10 +28,21 @@ from .collectors import REGISTRY
 from .collectors.base import CaptureContext, Collector, CollectorResult
 from .errors import CaptureFailed, CgroupError, UsageError
 from .quota_report import diagnose
+from .runs import RunRecord
 from .target import Target, ensure_same, pool_threads
 
 # Start order: the slow eBPF compile first, so that it does not eat into the window.
-DEFAULT_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
+ALL_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
+# perf stat repeats what /proc and eBPF already count, at a cost (docs/collectors.md): opt-in.
+DEFAULT_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_record", "pyspy")
+# Which collector goes first when the tools use too much CPU, costliest kind first.
+DROP_ORDER = ("perf_record", "pyspy", "perf_stat", "ebpf")
+FILE_OWNERS = {
+    "perf_stat.json": "perf_stat",
+    "perf.json": "perf_record",
+    "pyspy.json": "pyspy",
+    "ebpf.json": "ebpf",
+}
 
 
 @dataclass
@@ -43,18 +55,22 @@ class CaptureRequest:
     max_size_mb: float = 256.0
     options: dict[str, str] = field(default_factory=dict)
     clock: Clock = monotonic_ns
+    budget: Budget = field(default_factory=Budget)
 
 
 def parse_collectors(text: str | None) -> tuple[str, ...]:
     if not text:
         return DEFAULT_COLLECTORS
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if names == ("all",):
+        return ALL_COLLECTORS
     unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
+    if unknown or not names:
         raise UsageError(
-            f"unknown collector {', '.join(unknown)}; known: {', '.join(DEFAULT_COLLECTORS)}"
+            f"unknown collector {', '.join(unknown) or '(none)'}; known: "
+            f"{', '.join(ALL_COLLECTORS)} (or all)"
         )
-    return tuple(n for n in DEFAULT_COLLECTORS if n in names)
+    return tuple(n for n in ALL_COLLECTORS if n in names)
 
 
 @contextlib.contextmanager
@@ -83,7 +99,8 @@ def teardown_shielded() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
     try:
         yield
     finally:
@@ -91,11 +108,43 @@ def teardown_shielded() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _alive(target: Target) -> bool:
+def _stopped_threads(target: Target) -> int:
+    stopped = 0
+    for tid in procfs.list_tids(target.pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            stopped += procfs.read_stat(target.pid, tid).state in ("t", "T")
+    return stopped
+
+
+def wait_until_attached(target: Target, clock: Clock, timeout_s: float = 3.0) -> None:
+    """Start the window once py-spy's attach pause (about 0.3 s, the target held stopped while
+    py-spy maps it) is over, so that the window measures sampling and not attaching."""
+    begin = clock()
+    seen, quiet = False, 0
+    while (clock() - begin) / NS_PER_S < timeout_s:
+        try:
+            stopped = _stopped_threads(target)
+        except FileNotFoundError:
+            return
+        seen = seen or stopped > 0
+        quiet = 0 if stopped else quiet + 1
+        if (seen and quiet >= 10) or (not seen and (clock() - begin) / NS_PER_S > 1.5):
+            return
+        threading.Event().wait(0.01)
+
+
+def target_state(target: Target) -> str | None:
+    """None while the target is the process that was inspected; else why it is not."""
     try:
-        return procfs.read_stat(target.pid).start_ticks == target.start_ticks
-    except FileNotFoundError:
-        return False
+        if procfs.read_stat(target.pid).start_ticks != target.start_ticks:
+            return "target exited"
+        if target.exe and os.readlink(f"/proc/{target.pid}/exe") != target.exe:
+            return "target exec'd"
+    except (FileNotFoundError, ProcessLookupError):
+        return "target exited"
+    except OSError:
+        return None
+    return None
 
 
 def capture(
@@ -105,16 +154,15 @@ def capture(
 ) -> dict:
     """Capture into request.directory and return the manifest that was written."""
     if request.duration_s <= 0:
-        raise UsageError(f"--duration must be positive, got {request.duration_s}")
+        raise UsageError(f"--duration must be positive, got {request.duration_s:g}")
     if request.rate_hz <= 0 or request.rate_hz > 1000:
         raise UsageError(f"--rate must be between 1 and 1000 Hz, got {request.rate_hz}")
-    stop = stop or threading.Event()
-    target = request.target
-    ensure_same(target)
+    ensure_same(request.target)
     old_umask = os.umask(0o077)
     try:
         directory = create_directory(request.directory)
-        return _capture(request, directory, stop, on_tick)
+        with RunRecord(request.target.pid, request.target.start_ticks, directory) as record:
+            return _capture(request, directory, stop or threading.Event(), on_tick, record)
     finally:
         os.umask(old_umask)
 
@@ -128,11 +176,34 @@ def _quota(target: Target) -> dict[str, object] | None:
     return diagnose(cg, None, target.cpus_allowed, pool, source).as_dict()
 
 
+def _start_collectors(
+    request: CaptureRequest, context: CaptureContext, results: dict[str, CollectorResult]
+) -> dict[str, Collector]:
+    running: dict[str, Collector] = {}
+    for name in ALL_COLLECTORS:
+        if name not in request.collectors:
+            results[name] = CollectorResult(name, "skipped", "not requested (--collectors)")
+            continue
+        collector = REGISTRY[name]()
+        availability = collector.available(request.target)
+        if not availability.ok:
+            results[name] = CollectorResult(name, "unavailable", availability.reason)
+            continue
+        try:
+            collector.start(context)
+        except Exception as exc:  # one broken collector must not stop the others
+            results[name] = CollectorResult(name, "failed", f"start failed: {exc}"[:300])
+            continue
+        running[name] = collector
+    return running
+
+
 def _capture(
     request: CaptureRequest,
     directory: Path,
     stop: threading.Event,
     on_tick: Callable[[float, dict[str, Collector]], None] | None,
+    record: RunRecord,
 ) -> dict:
     target = request.target
     names = {tid: procfs.read_stat(target.pid, tid).comm for tid in procfs.list_tids(target.pid)}
@@ -144,45 +215,50 @@ def _capture(
             "rate_hz": request.rate_hz,
             "collectors": list(request.collectors),
             "max_size_mb": request.max_size_mb,
+            "budget": {
+                "stopped_share": request.budget.stopped_share,
+                "tool_cores": request.budget.tool_cores,
+            },
             **request.options,
         },
     )
     write_manifest(directory, manifest)
     context = CaptureContext(
-        target, directory, request.rate_hz, request.duration_s, request.clock, request.options
+        target,
+        directory,
+        request.rate_hz,
+        request.duration_s,
+        request.clock,
+        request.options,
+        record.add_child,
     )
-    running: dict[str, Collector] = {}
     results: dict[str, CollectorResult] = {}
-    for name in DEFAULT_COLLECTORS:
-        if name not in request.collectors:
-            results[name] = CollectorResult(name, "skipped", "not requested (--collectors)")
-            continue
-        collector = REGISTRY[name]()
-        availability = collector.available(target)
-        if not availability.ok:
-            results[name] = CollectorResult(name, "unavailable", availability.reason)
-            continue
-        try:
-            collector.start(context)
-        except Exception as exc:  # one broken collector must not stop the others
-            results[name] = CollectorResult(name, "failed", f"start failed: {exc}"[:300])
-            continue
-        running[name] = collector
+    running = _start_collectors(request, context, results)
     if not running:
         raise CaptureFailed(
             "no collector could start: " + "; ".join(f"{n}: {r.reason}" for n, r in results.items())
         )
+    if "pyspy" in running:
+        wait_until_attached(target, request.clock)
     status, reason = "complete", ""
     window_start = request.clock()
+    monitor = BudgetMonitor(request.budget, window_start)
+    dropped: dict[str, str] = {}
     with stop_on_signals(stop) as received:
         deadline = window_start + int(request.duration_s * NS_PER_S)
+        next_check = window_start + NS_PER_S
         while request.clock() < deadline and not stop.is_set():
             stop.wait(min(0.2, max(0.0, (deadline - request.clock()) / NS_PER_S)))
-            if not _alive(target):
-                status, reason = "target exited", "the target exited during the capture"
+            gone = target_state(target)
+            if gone:
+                status, reason = gone, f"the {gone.removeprefix('target ')} during the capture"
                 break
+            now = request.clock()
+            if now >= next_check:
+                next_check = now + NS_PER_S
+                _enforce_budget(monitor, running, results, dropped, record, now, request.clock)
             if on_tick:
-                on_tick((request.clock() - window_start) / NS_PER_S, running)
+                on_tick((now - window_start) / NS_PER_S, running)
         if stop.is_set():
             status = "partial"
             reason = f"stopped early by {received[0]}" if received else "stopped early"
@@ -193,7 +269,17 @@ def _capture(
                 results[name] = running[name].stop()
             except Exception as exc:
                 results[name] = CollectorResult(name, "failed", f"stop failed: {exc}"[:300])
-    dropped = enforce_max_size(directory, int(request.max_size_mb * 1024 * 1024))
+            if name in dropped:
+                results[name] = replace(results[name], status="partial", reason=dropped[name])
+    degraded = enforce_max_size(directory, int(request.max_size_mb * 1024 * 1024))
+    for name in degraded:
+        owner = FILE_OWNERS.get(name)
+        if owner in results and results[owner].status == "ok":
+            results[owner] = replace(
+                results[owner],
+                status="partial",
+                reason=f"{name} dropped to keep the bundle under --max-size",
+            )
     manifest.update(
         {
             "status": status,
@@ -203,14 +289,58 @@ def _capture(
                 "end_ns": window_end,
                 "requested_s": request.duration_s,
             },
-            "collectors": {
-                n: collector_record(results[n]) for n in DEFAULT_COLLECTORS if n in results
-            },
-            "dropped_for_size": dropped,
+            "collectors": {n: collector_record(results[n]) for n in ALL_COLLECTORS if n in results},
+            "budget_decisions": [vars(d) for d in monitor.decisions],
+            "dropped_for_size": degraded,
         }
     )
     write_manifest(directory, manifest)
     return manifest
+
+
+def _enforce_budget(
+    monitor: BudgetMonitor,
+    running: dict[str, Collector],
+    results: dict[str, CollectorResult],
+    dropped: dict[str, str],
+    record: RunRecord,
+    now: int,
+    clock: Clock,
+) -> None:
+    proc = running.get("proc")
+    share = monitor.stopped_share(proc.rows, now) if proc is not None else None  # type: ignore[attr-defined]
+    children = [int(c["pid"]) for c in record.data["children"]]  # type: ignore[union-attr]
+    cores = monitor.tool_cores([os.getpid(), *children], now)
+    if not monitor.settled(now):
+        return
+    pyspy = running.get("pyspy")
+    if (
+        share is not None
+        and share > monitor.budget.stopped_share
+        and pyspy is not None
+        and "pyspy" not in dropped
+    ):
+        why = (
+            f"target stopped {100 * share:.1f}% of the time by py-spy, over the "
+            f"{100 * monitor.budget.stopped_share:.0f}% budget"
+        )
+        still = pyspy.reduce_rate(why, now)  # type: ignore[attr-defined]
+        # Judged from when the new py-spy runs: its attach pause is not the new rate's cost.
+        monitor.record(clock(), "reduce-rate" if still else "drop", "pyspy", why)
+        if not still:
+            dropped["pyspy"] = why
+        return
+    if cores is not None and cores > monitor.budget.tool_cores:
+        for name in DROP_ORDER:
+            if name in running and name not in dropped and name != "proc":
+                why = (
+                    f"profkit's tools used {cores:.2f} cores, over the "
+                    f"{monitor.budget.tool_cores:g}-core budget"
+                )
+                results[name] = replace(running.pop(name).stop(), status="partial", reason=why)
+                dropped[name] = why
+                monitor.record(now, "drop", name, why)
+                return
 
 
 def progress_printer(stream=sys.stderr) -> Callable[[float, dict[str, Collector]], None] | None:  # type: ignore[no-untyped-def]

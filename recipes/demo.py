@@ -35,11 +35,19 @@ def start_recipe(group: QuotaGroup | None, threads: int) -> subprocess.Popen[str
         for path in procs:
             Path(path).write_text(str(os.getpid()))
 
-    command = [sys.executable, "-u", str(ROOT / "recipes/shm_fanout.py"), "--copy", "torch",
-               "--threads", str(threads)]
+    command = [
+        sys.executable,
+        "-u",
+        str(ROOT / "recipes/shm_fanout.py"),
+        "--copy",
+        "torch",
+        "--threads",
+        str(threads),
+    ]
     print("$ " + " ".join(command[1:]), flush=True)
-    recipe = subprocess.Popen(command, preexec_fn=join if group else None,
-                              stdout=subprocess.PIPE, text=True)
+    recipe = subprocess.Popen(
+        command, preexec_fn=join if group else None, stdout=subprocess.PIPE, text=True
+    )
     assert recipe.stdout is not None
     print(recipe.stdout.readline().rstrip(), flush=True)
     return recipe
@@ -69,13 +77,19 @@ def main() -> int:
                 import shutil
 
                 shutil.rmtree(out)
-            code = profkit("attach", "--pid", str(recipe.pid), "--duration",
-                           str(args.duration), "--out", str(out))
+            code = profkit(
+                "attach",
+                "--pid",
+                str(recipe.pid),
+                "--duration",
+                str(args.duration),
+                "--out",
+                str(out),
+            )
         finally:
             recipe.send_signal(signal.SIGINT)
             print(recipe.communicate(timeout=30)[0].strip().splitlines()[-1], flush=True)
-    print(f"\nthe bundle is in {args.out}; re-analyse it without root: "
-          f"profkit report {args.out}")
+    print(f"\nthe bundle is in {args.out}; re-analyse it without root: profkit report {args.out}")
     return code
 
 

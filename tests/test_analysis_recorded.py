@@ -16,10 +16,14 @@ from .conftest import DATA, run_profkit
 
 REQUIRED = {
     "target": {"pid", "cmdline", "threads", "openmp_runtime", "torch_threads"},
-    "cpu": {"process_cores", "python_sampled_cores", "categories", "unexplained_cores",
-            "threads"},
-    "quota": {"effective_cores", "source", "throttled_periods_pct", "throttled_seconds",
-              "usage_cores"},
+    "cpu": {"process_cores", "python_sampled_cores", "categories", "unexplained_cores", "threads"},
+    "quota": {
+        "effective_cores",
+        "source",
+        "throttled_periods_pct",
+        "throttled_seconds",
+        "usage_cores",
+    },
 }
 
 
@@ -60,8 +64,12 @@ def test_json_contract(name: str) -> None:
     for section, keys in REQUIRED.items():
         if report[section] is not None:
             assert keys <= set(report[section]), (section, keys - set(report[section]))
-    assert set(report["cpu"]["categories"]) == {"python", "native_in_python_threads",
-                                                "pool_workers", "other"}
+    assert set(report["cpu"]["categories"]) == {
+        "python",
+        "native_in_python_threads",
+        "pool_workers",
+        "other",
+    }
     for pool in report["pools"]:
         assert {"runtime", "workers", "cores", "regions", "activity"} <= set(pool)
     for row in report["attribution"]:
@@ -83,8 +91,10 @@ def test_text_fits_80_columns(name: str) -> None:
 def test_report_cli_without_root_flags(tmp_path: Path) -> None:
     result = run_profkit("report", str(DATA / "fanout_quota"), "--format", "json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["findings"][0]["id"] in ("cpu-fanout",
-                                                               "quota-oversubscription")
+    assert json.loads(result.stdout)["findings"][0]["id"] in (
+        "cpu-fanout",
+        "quota-oversubscription",
+    )
 
 
 def test_missing_collector_is_not_a_zero(tmp_path: Path) -> None:
@@ -105,13 +115,20 @@ def test_missing_collector_is_not_a_zero(tmp_path: Path) -> None:
     assert report["cpu"]["closure_pct"] <= 3.0
 
 
-@pytest.mark.parametrize(("damage", "message"), [
-    (lambda b: (b / "manifest.json").unlink(), "has no manifest.json"),
-    (lambda b: (b / "manifest.json").write_text("{not json"), "not valid JSON"),
-    (lambda b: (b / "proc.json").write_text((DATA / "fanout_quota/proc.json").read_text()[:500]),
-     "truncated or corrupt"),
-    (lambda b: (b / "manifest.json").write_text('{"schema_version": 99}'), "schema 99"),
-])
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda b: (b / "manifest.json").unlink(), "has no manifest.json"),
+        (lambda b: (b / "manifest.json").write_text("{not json"), "not valid JSON"),
+        (
+            lambda b: (b / "proc.json").write_text(
+                (DATA / "fanout_quota/proc.json").read_text()[:500]
+            ),
+            "truncated or corrupt",
+        ),
+        (lambda b: (b / "manifest.json").write_text('{"schema_version": 99}'), "schema 99"),
+    ],
+)
 def test_bad_bundles_get_one_line_and_exit_8(tmp_path: Path, damage, message: str) -> None:  # type: ignore[no-untyped-def]
     bundle = tmp_path / "b"
     shutil.copytree(DATA / "fanout_quota", bundle)

@@ -20,6 +20,7 @@ from .conftest import ROOT, needs_root, run_profkit
 
 pytestmark = [needs_root(), pytest.mark.live]
 SIX = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
+ALL = ("--collectors", "all")
 
 
 def attach(
@@ -60,7 +61,7 @@ def fanout_capture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no
         None,
     )
     time.sleep(1.0)
-    result = attach(recipe.pid, out)
+    result = attach(recipe.pid, out, *ALL)
     recipe.stop()
     assert result.returncode == 0, result.stderr
     yield out, recipe
@@ -161,8 +162,9 @@ def test_capture_without_bcc_says_why(start_recipe, tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "b/manifest.json").read_text())
     ebpf = manifest["collectors"]["ebpf"]
     assert ebpf["status"] == "unavailable" and "PROFKIT_DISABLE_BCC" in ebpf["reason"]
-    for name in ("proc", "cgroup", "perf_stat", "perf_record", "pyspy"):
+    for name in ("proc", "cgroup", "perf_record", "pyspy"):
         assert manifest["collectors"][name]["status"] == "ok", name
+    assert manifest["collectors"]["perf_stat"]["status"] == "skipped"
     report = run_profkit("report", str(tmp_path / "b"), "--format", "json")
     assert report.returncode == 0, report.stderr
     assert "ebpf" in json.loads(report.stdout)["not_captured"]
@@ -200,6 +202,7 @@ def test_sigint_stops_quickly_and_leaves_nothing(start_recipe, tmp_path: Path) -
             "--out",
             str(tmp_path / "b"),
             "--no-report",
+            *ALL,
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,

@@ -49,7 +49,7 @@ def test_perf_script_to_samples() -> None:
 
 def test_perf_script_cut_mid_line() -> None:
     text = (DATA / "fanout_quota/perf_script.txt").read_text()
-    cut = text[: len(text) // 2] + text[len(text) // 2:len(text) // 2 + 7]
+    cut = text[: len(text) // 2] + text[len(text) // 2 : len(text) // 2 + 7]
     parsed = parse_script(cut.splitlines(True))
     assert len(parsed["samples"]["t_ns"]) == len(parsed["samples"]["stack"])
 
@@ -64,7 +64,9 @@ def test_perf_stat_interval_csv() -> None:
 
 
 def test_perf_stat_not_supported_lines_are_skipped() -> None:
-    text = ("     0.5,python-42,<not supported>,,cycles,0,100.00,,\n"
-            "     0.5,python-42,12.5,msec,task-clock,12,100.00,1.0,CPUs utilized\n")
+    text = (
+        "     0.5,python-42,<not supported>,,cycles,0,100.00,,\n"
+        "     0.5,python-42,12.5,msec,task-clock,12,100.00,1.0,CPUs utilized\n"
+    )
     rows = parse_interval_csv(text, 0)
     assert rows["event"] == ["task-clock"] and rows["tid"] == [42]

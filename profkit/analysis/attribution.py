@@ -22,6 +22,8 @@ from .records import PySpySpans, SchedData
 
 # py-spy stamps a sample after unwinding it, a little after the moment the thread was stopped.
 ALIGN_TOLERANCE_NS = 3_000_000
+# A --nonblocking sample is read without stopping the thread: its stamp is close to its time.
+NONBLOCKING_TOLERANCE_NS = 500_000
 METHOD_CALL = re.compile(r"\.(\w+)\(")
 
 
@@ -72,15 +74,48 @@ def stack_info(spans: PySpySpans, stack_id: int) -> StackInfo:
     return StackInfo(in_region, site, aten_op([f.name for f in frames]))
 
 
-def expand_samples(spans: PySpySpans, tids: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tid, time, stack) of every sample inside the merged py-spy spans of these threads."""
+def expand_weighted(
+    spans: PySpySpans, tids: set[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tid, time, stack, seconds) of every sample inside the merged py-spy spans."""
     mask = np.isin(spans.tid, list(tids))
     start, end = spans.start_ns[mask], spans.end_ns[mask]
-    interval = 1e9 / max(1, spans.rate_hz)
+    rates = np.where(spans.span_rate_hz[mask] > 0, spans.span_rate_hz[mask], spans.rate_hz)
+    interval = 1e9 / np.maximum(1, rates)
     counts = np.maximum(1, np.rint((end - start) / interval)).astype(np.int64)
     offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    times = np.repeat(start, counts) + (offsets * interval).astype(np.int64)
-    return np.repeat(spans.tid[mask], counts), times, np.repeat(spans.stack[mask], counts)
+    step = np.repeat(interval, counts)
+    times = np.repeat(start, counts) + (offsets * step).astype(np.int64)
+    return (
+        np.repeat(spans.tid[mask], counts),
+        times,
+        np.repeat(spans.stack[mask], counts),
+        step / 1e9,
+    )
+
+
+def expand_samples(spans: PySpySpans, tids: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tid, time, stack) of every sample inside the merged py-spy spans of these threads."""
+    tid, times, stacks, _ = expand_weighted(spans, tids)
+    return tid, times, stacks
+
+
+def _counts(spans: PySpySpans, tids: set[int]) -> np.ndarray:
+    mask = np.isin(spans.tid, list(tids))
+    rates = np.where(spans.span_rate_hz[mask] > 0, spans.span_rate_hz[mask], spans.rate_hz)
+    interval = 1e9 / np.maximum(1, rates)
+    spans_ns = spans.end_ns[mask] - spans.start_ns[mask]
+    return np.maximum(1, np.rint(spans_ns / interval)).astype(np.int64)
+
+
+def _inside_regions(sched: SchedData, times: np.ndarray, tolerance: int) -> np.ndarray:
+    order = np.argsort(sched.region_start)
+    starts, ends = sched.region_start[order], sched.region_end[order]
+    index = np.searchsorted(starts, times + tolerance, side="right") - 1
+    valid = index >= 0
+    inside = np.zeros(len(times), dtype=bool)
+    inside[valid] = times[valid] <= ends[index[valid]] + tolerance
+    return inside
 
 
 def _worker_time_per_region(
@@ -129,12 +164,17 @@ def attribute(
         )
     tids = dispatchers or {int(t) for t in np.unique(spans.tid)}
     tid, times, stacks = expand_samples(spans, tids)
+    native = np.repeat(spans.span_native[np.isin(spans.tid, list(tids))], _counts(spans, tids))
     keep = (times >= window[0]) & (times <= window[1])
-    tid, times, stacks = tid[keep], times[keep], stacks[keep]
+    tid, times, stacks, native = tid[keep], times[keep], stacks[keep], native[keep]
     infos = {int(s): stack_info(spans, int(s)) for s in np.unique(stacks)}
-    in_region = np.array(
-        [infos[int(s)].in_region and infos[int(s)].site is not None for s in stacks], dtype=bool
-    )
+    has_site = np.array([infos[int(s)].site is not None for s in stacks], dtype=bool)
+    # Native samples show the OpenMP runtime in their stack; --nonblocking ones have no native
+    # frames, so whether they were taken inside a region is read from the region probes' times.
+    in_region = has_site & np.array([infos[int(s)].in_region for s in stacks], dtype=bool)
+    if (native == 0).any() and sched is not None and len(sched.region_start):
+        inside = _inside_regions(sched, times, NONBLOCKING_TOLERANCE_NS)
+        in_region |= has_site & (native == 0) & inside
     if not in_region.any():
         return Attribution(
             "none",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attribution import expand_samples
+from .attribution import expand_weighted
 from .cpu import CpuWindow
 from .records import PySpySpans
 from .roles import OTHER, PYTHON, WORKER, ThreadRole
@@ -71,10 +71,10 @@ def reconcile(
     for share in (t for t in threads if t.role == PYTHON):
         fraction_python, coverage = 1.0, 0.0
         if spans is not None:
-            _, times, stacks = expand_samples(spans, {share.tid})
+            _, times, stacks, seconds = expand_weighted(spans, {share.tid})
             keep = (times >= window[0]) & (times <= window[1])
             stacks = stacks[keep]
-            coverage = min(1.0, len(stacks) / max(1, spans.rate_hz) / cpu.seconds)
+            coverage = min(1.0, float(seconds[keep].sum()) / cpu.seconds)
             active = [int(s) for s in stacks if not _idle_leaf(spans, int(s))] or [
                 int(s) for s in stacks
             ]

@@ -46,6 +46,8 @@ class PySpySpans:
     stack: np.ndarray
     rate_hz: int
     sources: dict[str, str]
+    span_rate_hz: np.ndarray  # each span's own rate (py-spy may be restarted at a lower one)
+    span_native: np.ndarray  # 1: sampled with --native (native frames present), 0: --nonblocking
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,12 @@ def _pyspy(directory: Path, manifest: dict) -> PySpySpans | None:
             stack=_array(spans["stack"], "stack", "pyspy.json"),
             rate_hz=int(rate),
             sources=dict(data.get("sources", {})),
+            span_rate_hz=_array(
+                spans.get("rate_hz") or [int(rate)] * len(spans["tid"]), "rate_hz", "pyspy.json"
+            ),
+            span_native=_array(
+                spans.get("native") or [1] * len(spans["tid"]), "native", "pyspy.json"
+            ),
         )
     except (KeyError, TypeError, IndexError) as exc:
         raise BadBundle(f"pyspy.json lacks {exc}") from exc

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attribution import expand_samples
+from .attribution import expand_weighted
 from .frames import KERNEL_DSO, OPENMP_DSOS, OPENMP_WAIT, aten_kernel
 from .pipeline import Report
 from .reconcile import IDLE_LEAF
@@ -73,18 +73,19 @@ def _perf_node(symbol: str, dso: str) -> Node:
 def py_thread_stacks(
     spans: PySpySpans, tid: int, window: tuple[int, int], idle: bool | None = None
 ) -> Counter[Stack]:
-    """Sample counts per stack of one thread (idle: only waiting samples, or only active)."""
-    _, times, stacks = expand_samples(spans, {tid})
+    """Sampled seconds per stack of one thread (idle: only waiting samples, or only active)."""
+    _, times, stacks, seconds = expand_weighted(spans, {tid})
     keep = (times >= window[0]) & (times <= window[1])
-    counts: Counter[Stack] = Counter()
-    ids, n = np.unique(stacks[keep], return_counts=True)
-    for stack_id, count in zip(ids, n, strict=True):
+    totals: Counter[Stack] = Counter()
+    ids, inverse = np.unique(stacks[keep], return_inverse=True)
+    sums = np.bincount(inverse, weights=seconds[keep], minlength=len(ids))
+    for stack_id, total in zip(ids, sums, strict=True):
         frames = [spans.frames[i] for i in spans.stacks[int(stack_id)]]
         is_idle = bool(frames) and bool(IDLE_LEAF.search(frames[-1].name))
         if idle is not None and is_idle != idle:
             continue
-        counts[tuple(_py_node(f) for f in frames)] += int(count)
-    return counts
+        totals[tuple(_py_node(f) for f in frames)] += float(total)
+    return totals
 
 
 def perf_stacks(perf: PerfSamples, tids: set[int], window: tuple[int, int]) -> Counter[Stack]:
@@ -125,7 +126,7 @@ def build(report: Report, view: str) -> Stacks:
     if view == "python" and bundle.pyspy is not None:
         for tid, name in bundle.pyspy.names.items():
             counts = py_thread_stacks(bundle.pyspy, tid, window)
-            thread = _scale(counts, sum(counts.values()) / max(1, bundle.pyspy.rate_hz))
+            thread = dict(counts)
             per_thread[f"{name or 'thread'} ({tid})"] = thread
             _add(weights, thread)
     elif view == "workers" and bundle.perf is not None:
@@ -236,7 +237,7 @@ def _offcpu(
     if bundle.pyspy is not None:
         for tid, name in bundle.pyspy.names.items():
             counts = py_thread_stacks(bundle.pyspy, tid, window, idle=True)
-            thread = _scale(counts, sum(counts.values()) / max(1, bundle.pyspy.rate_hz))
+            thread = dict(counts)
             per_thread[f"{name or 'thread'} ({tid})"] = thread
             _add(weights, thread, (Node(f"{name or 'thread'} ({tid})", SYNTHETIC),))
     if bundle.sched is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -24,6 +25,8 @@ class CaptureContext:
     duration_s: float
     clock: Clock
     options: dict[str, str] = field(default_factory=dict)
+    # Every child tool's pid is recorded, so that a later run can clean up after a killed one.
+    register_child: Callable[[int], None] = lambda pid: None
 
 
 @dataclass(frozen=True)

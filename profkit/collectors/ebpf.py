@@ -29,12 +29,12 @@ def probe_source(name: str) -> str:
 @dataclass(frozen=True)
 class SchedProgram:
     tgid: int
-    emit_slices: bool = True
+    slice_capacity: int = 1 << 19  # about 12 MiB of kernel memory; 1 turns the log off
 
     def source(self) -> str:
         text = probe_source("sched.bpf.c")
         return text.replace("TARGET_TGID", str(self.tgid)).replace(
-            "EMIT_SLICES", "1" if self.emit_slices else "0"
+            "SLICE_CAPACITY", str(max(1, self.slice_capacity))
         )
 
 
@@ -51,15 +51,6 @@ class OpenMPProgram:
 
     def source(self) -> str:
         return probe_source("openmp.bpf.c")
-
-
-class Slice(ctypes.Structure):
-    _fields_ = [
-        ("start_ns", ctypes.c_uint64),
-        ("end_ns", ctypes.c_uint64),
-        ("tid", ctypes.c_uint32),
-        ("voluntary", ctypes.c_uint32),
-    ]
 
 
 class Region(ctypes.Structure):
@@ -109,20 +100,15 @@ class EbpfCollector:
         self._context = context
         target = context.target
         sched = SchedProgram(target.pid)
-        programs = [("sched", sched.source())]
         runtime = target.openmp_runtime
-        if runtime is not None:
-            programs.append(("openmp", OpenMPProgram(runtime).source()))
         if self.print_programs:
-            for name, text in programs:
-                print(f"/* --- {name} --- */\n{text}")
+            print(f"/* --- sched --- */\n{sched.source()}")
+            if runtime is not None:
+                print(f"/* --- openmp --- */\n{OpenMPProgram(runtime).source()}")
         try:
             sched_bpf = bcc.BPF(text=sched.source())
             self._bpf.append(sched_bpf)
             self._seed_threads(sched_bpf, target.pid)
-            sched_bpf["slices"].open_perf_buffer(
-                self._on_slice, page_cnt=256, lost_cb=self._lost("slices")
-            )
             self.attached += [
                 "tracepoint:sched:sched_switch",
                 "tracepoint:sched:sched_wakeup",
@@ -158,8 +144,7 @@ class EbpfCollector:
     def _seed_threads(self, bpf: object, pid: int) -> None:
         times = bpf["times"]  # type: ignore[index]
         for tid in procfs.list_tids(pid):
-            key = times.Key(tid)
-            times[key] = times.Leaf()
+            times[times.Key(tid)] = times.Leaf()
 
     def _lost(self, which: str):  # type: ignore[no-untyped-def]
         def record(count: int) -> None:
@@ -167,24 +152,22 @@ class EbpfCollector:
 
         return record
 
-    def _on_slice(self, cpu: int, data: int, size: int) -> None:
-        event = ctypes.cast(data, ctypes.POINTER(Slice)).contents
-        for key in ("start_ns", "end_ns", "tid", "voluntary"):
-            self.slices[key].append(getattr(event, key))
-
     def _on_region(self, cpu: int, data: int, size: int) -> None:
         event = ctypes.cast(data, ctypes.POINTER(Region)).contents
         for key in ("start_ns", "end_ns", "tid", "requested"):
             self.regions[key].append(getattr(event, key))
 
     def _poll(self) -> None:
+        # Only the region buffer is polled: one event per parallel region, not per switch.
         while not self._stop.is_set():
-            for bpf in list(self._bpf):
+            if len(self._bpf) > 1:
                 with contextlib.suppress(Exception):
-                    bpf.perf_buffer_poll(timeout=50)  # type: ignore[attr-defined]
+                    self._bpf[1].perf_buffer_poll(timeout=200)  # type: ignore[attr-defined]
+            else:
+                self._stop.wait(0.2)
 
     def progress(self) -> int:
-        return len(self.slices["tid"]) + len(self.regions["tid"])
+        return len(self.regions["tid"])
 
     def stop(self) -> CollectorResult:
         assert self._context is not None
@@ -192,9 +175,10 @@ class EbpfCollector:
         if self._poller:
             self._poller.join(timeout=5)
         end_ns = self._context.clock()
-        payload = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
+        payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
         if self._bpf:
             sched = self._bpf[0]
+            threads = {}
             for key, value in sched["times"].items():  # type: ignore[index]
                 oncpu, offcpu = value.oncpu_ns, value.offcpu_ns
                 # Close the interval each thread is in at the end of the window.
@@ -202,14 +186,18 @@ class EbpfCollector:
                     oncpu += max(0, end_ns - value.last_in_ns)
                 elif value.last_out_ns:
                     offcpu += max(0, end_ns - value.last_out_ns)
-                payload["threads"][str(key.value)] = {
+                threads[str(key.value)] = {
                     "oncpu_ns": oncpu,
                     "offcpu_ns": offcpu,
                     "voluntary": value.voluntary,
                     "involuntary": value.involuntary,
                 }
+            payload["threads"] = threads
+            self._read_slices(sched)
             payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]  # type: ignore[index]
             if len(self._bpf) > 1:
+                with contextlib.suppress(Exception):
+                    self._bpf[1].perf_buffer_poll(timeout=0)  # type: ignore[attr-defined]
                 hist = self._bpf[1]["duration_us_log2"]  # type: ignore[index]
                 payload["histogram_us_log2"] = {
                     str(k.value): v.value for k, v in hist.items() if v.value
@@ -235,13 +223,42 @@ class EbpfCollector:
             self.name,
             "ok",
             "; ".join(self.warnings),
-            samples=self.progress(),
+            samples=len(self.slices["tid"]) + len(self.regions["tid"]),
             lost=sum(self.lost.values()),
             start_ns=self._start_ns,
             end_ns=end_ns,
             files=(NORMALISED_FILE,),
-            notes={"attached": self.attached, "regions": len(self.regions["tid"])},
+            notes={
+                "attached": self.attached,
+                "regions": len(self.regions["tid"]),
+                "slices": len(self.slices["tid"]),
+                "lost": dict(self.lost),
+            },
         )
+
+    def _read_slices(self, sched: object) -> None:
+        """Copy the in-kernel slice log out in one batch, after the window."""
+        count = sched["slice_count"][ctypes.c_int(0)].value  # type: ignore[index]
+        log = sched["slice_log"]  # type: ignore[index]
+        capacity = len(log)
+        used = min(count, capacity)
+        self.lost["slices"] += max(0, count - capacity)
+        if used <= 0 or capacity <= 1:
+            return
+        try:
+            entries = [(k.value, v) for k, v in log.items_lookup_batch()]
+        except Exception:  # kernels without batch lookups: one lookup per entry
+            entries = [(i, log[ctypes.c_int(i)]) for i in range(used)]
+        rows = sorted(
+            (index, v.start_ns, v.end_ns, v.tid, v.voluntary)
+            for index, v in entries
+            if index < used
+        )
+        for _, start, end, tid, voluntary in rows:
+            self.slices["start_ns"].append(start)
+            self.slices["end_ns"].append(end)
+            self.slices["tid"].append(tid)
+            self.slices["voluntary"].append(voluntary)
 
     def cleanup(self) -> None:
         """Detach every probe; safe to call more than once."""

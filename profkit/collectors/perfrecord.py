@@ -48,7 +48,7 @@ class PerfRecordCollector:
             "-e",
             "cpu-clock",
             "-F",
-            str(context.options.get("perf_rate", 99)),
+            str(context.options.get("perf_rate", 49)),
             *CALLGRAPHS[callgraph],
             "-k",
             "CLOCK_MONOTONIC",
@@ -60,6 +60,7 @@ class PerfRecordCollector:
             str(context.directory / DATA_FILE),
         ]
         self._child = ChildTool(self.name, self._tool.path, args, context.directory)
+        context.register_child(self._child.pid)
 
     def progress(self) -> int:
         return 0
@@ -70,7 +71,7 @@ class PerfRecordCollector:
         directory = self._context.directory
         notes: dict[str, object] = {
             "callgraph": self._context.options.get("perf_callgraph", "fp"),
-            "rate_hz": int(self._context.options.get("perf_rate", 99)),
+            "rate_hz": int(self._context.options.get("perf_rate", 49)),
             "exit_code": exit_code,
         }
         if not (directory / DATA_FILE).exists():

@@ -56,6 +56,7 @@ class PerfStatCollector:
             str(context.directory / RAW_FILE),
         ]
         self._child = ChildTool(self.name, self._tool.path, args, context.directory)
+        context.register_child(self._child.pid)
 
     def progress(self) -> int:
         return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from .. import procfs
 from ..target import Target
@@ -15,15 +16,12 @@ from .base import Availability, CaptureContext, CollectorResult
 from .periodic import PeriodicSampler
 
 COLUMNS = ("t_ns", "tid", "utime", "stime", "runtime_ns", "state", "vcsw", "nvcsw", "cpu")
+# Every sample reads each thread's stat; the context-switch counts (status) every 5th sample and
+# schedstat only where the kernel keeps it: each file read is CPU the target does not get.
+SWITCHES_EVERY = 5
 
 
-def read_task(pid: int, tid: int) -> tuple[procfs.TaskStat, int, int, int]:
-    stat = procfs.read_stat(pid, tid)
-    base = procfs.task_dir(pid, tid)
-    try:
-        runtime_ns = int((base / "schedstat").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        runtime_ns = -1
+def read_switches(base: Path) -> tuple[int, int]:
     vcsw = nvcsw = -1
     with open(base / "status") as status:
         for line in status:
@@ -31,7 +29,14 @@ def read_task(pid: int, tid: int) -> tuple[procfs.TaskStat, int, int, int]:
                 vcsw = int(line.split()[1])
             elif line.startswith("nonvoluntary_ctxt_switches"):
                 nvcsw = int(line.split()[1])
-    return stat, runtime_ns, vcsw, nvcsw
+    return vcsw, nvcsw
+
+
+def read_runtime(base: Path) -> int:
+    try:
+        return int((base / "schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return -1
 
 
 class ProcCollector:
@@ -46,6 +51,7 @@ class ProcCollector:
         self._sampler: PeriodicSampler | None = None
         self._first_ns: int | None = None
         self._last_ns: int | None = None
+        self._schedstat = True
 
     def available(self, target: Target) -> Availability:
         if os.access(procfs.task_dir(target.pid) / "task", os.R_OK):
@@ -66,11 +72,17 @@ class ProcCollector:
         except FileNotFoundError:
             return False  # the target exited
         self.process_rows.append((now_ns, process.utime_ticks, process.stime_ticks))
+        read_switches_now = len(self.process_rows) % SWITCHES_EVERY == 1
         for tid in tids:
+            base = procfs.task_dir(pid, tid)
             try:
-                stat, runtime_ns, vcsw, nvcsw = read_task(pid, tid)
+                stat = procfs.read_stat(pid, tid)
+                runtime_ns = read_runtime(base) if self._schedstat else -1
+                vcsw, nvcsw = read_switches(base) if read_switches_now else (-1, -1)
             except (FileNotFoundError, ProcessLookupError):
                 continue  # the thread exited between listing and reading
+            if runtime_ns == 0 and len(self.process_rows) > 2:
+                self._schedstat = False  # the kernel does not keep it: stop reading it
             self.names.setdefault(tid, stat.comm)
             self.rows.append(
                 (

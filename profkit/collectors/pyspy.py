@@ -1,14 +1,18 @@
 """py-spy: Python stacks (with native frames) of every Python thread, on the bundle clock.
 
 `record --native` ptrace-stops every thread of the target for each sample, so the rate is kept
-low by default (docs/collectors.md has the measured cost). py-spy's chrometrace output is the
-one format that keeps time; `--threads` puts each thread's OS tid in a root frame.
+low by default and lowered further while capturing if the target spends too long stopped
+(docs/collectors.md has the measured cost). py-spy's chrometrace output is the one format that
+keeps time; `--threads` puts each thread's OS tid in a root frame. A rate change restarts py-spy
+into a new segment; segments are merged, each span carrying its own rate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
 import signal
 from pathlib import Path
@@ -22,6 +26,7 @@ from .child import ChildTool
 THREAD_FRAME = re.compile(r"^thread \((\d+)\)(?::\s*(.*))?$")
 RAW_FILE = "pyspy.chrometrace.json"
 NORMALISED_FILE = "pyspy.json"
+MIN_NATIVE_RATE_HZ = 2
 
 
 class PySpyCollector:
@@ -29,8 +34,10 @@ class PySpyCollector:
 
     def __init__(self) -> None:
         self._tool = find_tool("py-spy")
-        self._child: ChildTool | None = None
         self._context: CaptureContext | None = None
+        self._segments: list[tuple[ChildTool, int, Path, bool]] = []
+        self.rate_changes: list[dict[str, object]] = []
+        self.dropped: str | None = None
 
     def available(self, target: Target) -> Availability:
         if self._tool.path is None:
@@ -42,74 +49,130 @@ class PySpyCollector:
         return Availability(True)
 
     def start(self, context: CaptureContext) -> None:
-        assert self._tool.path is not None
         self._context = context
+        self._start_segment(context.rate_hz, native=True)
+
+    def _start_segment(self, rate: int, native: bool) -> None:
+        assert self._tool.path is not None and self._context is not None
+        context = self._context
+        index = len(self._segments)
+        raw = context.directory / (RAW_FILE if index == 0 else f"pyspy.chrometrace.{index}.json")
+        # --native needs the target stopped per sample; --nonblocking never stops it.
+        mode = ["--native"] if native else ["--nonblocking"]
         args = [
             "record",
             "--pid",
             str(context.target.pid),
-            "--native",
+            *mode,
             "--idle",
             "--threads",
             "--rate",
-            str(context.rate_hz),
+            str(rate),
             "--format",
             "chrometrace",
             "--output",
-            str(context.directory / RAW_FILE),
+            str(raw),
             # A bound of its own, in case profkit cannot stop it.
             "--duration",
             str(math.ceil(context.duration_s) + 5),
         ]
-        self._child = ChildTool(self.name, self._tool.path, args, context.directory)
+        child = ChildTool(
+            f"{self.name}.{index}" if index else self.name, self._tool.path, args, context.directory
+        )
+        context.register_child(child.pid)
+        self._segments.append((child, rate, raw, native))
+
+    @property
+    def rate_hz(self) -> int:
+        return self._segments[-1][1] if self._segments else 0
+
+    @property
+    def native(self) -> bool:
+        return bool(self._segments) and self._segments[-1][3]
+
+    def reduce_rate(self, reason: str, now_ns: int) -> bool:
+        """Halve the --native rate (restarting py-spy); below 2 Hz, sample --nonblocking instead,
+        which never stops the target but sees no native frames. False once nothing is left."""
+        if self.dropped or not self._segments:
+            return False
+        child, rate, _, native = self._segments[-1]
+        child.stop(grace_s=5.0)
+        resume_if_stopped(self._context.target.pid)  # type: ignore[union-attr]
+        if not native:
+            self.dropped = reason
+            self.rate_changes.append({"t_ns": now_ns, "from": rate, "to": 0, "reason": reason})
+            return False
+        if rate // 2 >= MIN_NATIVE_RATE_HZ:
+            new_rate, new_native = rate // 2, True
+        else:
+            new_rate, new_native = self._context.rate_hz, False  # type: ignore[union-attr]
+        self.rate_changes.append(
+            {"t_ns": now_ns, "from": rate, "to": new_rate, "native": new_native, "reason": reason}
+        )
+        self._start_segment(new_rate, new_native)
+        return True
+
+    def child_pids(self) -> list[int]:
+        return [child.pid for child, _, _, _ in self._segments if child.alive()]
 
     def progress(self) -> int:
         return 0  # py-spy reports its samples only when it exits
 
     def stop(self) -> CollectorResult:
-        assert self._child is not None and self._context is not None
-        exit_code = self._child.stop(grace_s=5.0)
+        assert self._context is not None
+        for child, _, _, _ in self._segments:
+            child.stop(grace_s=5.0)
         resumed = resume_if_stopped(self._context.target.pid)
-        raw = self._context.directory / RAW_FILE
+        first = self._segments[0][0]
         notes: dict[str, object] = {
-            "rate_hz": self._context.rate_hz,
-            "exit_code": exit_code,
-            "anchor_ns": self._child.started_ns,
-            "signals": self._child.signals_sent,
+            "rate_hz": self._segments[0][1],
+            "final_rate_hz": self.rate_hz,
+            "rate_changes": self.rate_changes,
+            "dropped": self.dropped,
+            "exit_codes": [c.exit_code for c, _, _, _ in self._segments],
+            "anchors_ns": [c.started_ns for c, _, _, _ in self._segments],
+            "native": [n for _, _, _, n in self._segments],
             "sigcont_sent_to": resumed,
             "version": self._tool.version_text,
         }
-        if not raw.exists():
+        parts, errors = [], 0
+        for child, rate, raw, native in self._segments:
+            if not raw.exists():
+                continue
+            try:
+                parts.append(normalise(json.loads(raw.read_text()), child.started_ns, rate, native))
+            except (ValueError, KeyError) as exc:
+                return CollectorResult(
+                    self.name, "failed", f"unreadable py-spy output: {exc}", notes=notes
+                )
+            found = re.search(r"Errors: (\d+)", child.stderr_text())
+            errors += int(found.group(1)) if found else 0
+        if not parts:
             return CollectorResult(
                 self.name,
                 "failed",
-                _last_line(self._child.stderr_text()),
+                _last_line(first.stderr_text()),
                 notes=notes,
                 files=(f"{self.name}.stderr",),
             )
-        try:
-            normalised = normalise(json.loads(raw.read_text()), self._child.started_ns)
-        except (ValueError, KeyError) as exc:
-            return CollectorResult(
-                self.name, "failed", f"unreadable py-spy output: {exc}", notes=notes
-            )
+        normalised = merge(parts)
         normalised["sources"] = source_lines(normalised["frames"])
         (self._context.directory / NORMALISED_FILE).write_text(json.dumps(normalised))
         spans = normalised["spans"]
         samples = sum(
-            round((end - start) / 1e9 * self._context.rate_hz)
-            for start, end in zip(spans["start_ns"], spans["end_ns"], strict=True)
+            max(1, round((e - s) / 1e9 * r))
+            for s, e, r in zip(spans["start_ns"], spans["end_ns"], spans["rate_hz"], strict=True)
         )
-        errors = re.search(r"Errors: (\d+)", self._child.stderr_text())
-        notes["errors"] = int(errors.group(1)) if errors else None
+        status = "partial" if self.dropped else "ok"
         return CollectorResult(
             self.name,
-            "ok",
+            status,
+            self.dropped or "",
             samples=samples,
-            lost=int(notes["errors"] or 0),  # type: ignore[call-overload]
+            lost=errors,
             start_ns=min(spans["start_ns"], default=None),
             end_ns=max(spans["end_ns"], default=None),
-            files=(RAW_FILE, NORMALISED_FILE),
+            files=(*[raw.name for _, _, raw, _ in self._segments if raw.exists()], NORMALISED_FILE),
             notes=notes,
         )
 
@@ -133,16 +196,12 @@ def resume_if_stopped(pid: int) -> list[int]:
         except FileNotFoundError:
             continue
     if stopped:
-        try:
-            import os
-
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
     return stopped
 
 
-def normalise(events: list[dict], anchor_ns: int) -> dict:
+def normalise(events: list[dict], anchor_ns: int, rate_hz: int = 0, native: bool = True) -> dict:
     """B/E events → spans: (OS tid, start, end, stack) on the monotonic clock.
 
     py-spy merges consecutive samples with the same frames into one slice, so a span covers
@@ -154,16 +213,24 @@ def normalise(events: list[dict], anchor_ns: int) -> dict:
     span_start: dict[int, int] = {}
     os_tid: dict[int, int] = {}
     names: dict[int, str] = {}
-    out = {"tid": [], "start_ns": [], "end_ns": [], "stack": []}
+    out: dict[str, list[int]] = {
+        "tid": [],
+        "start_ns": [],
+        "end_ns": [],
+        "stack": [],
+        "rate_hz": [],
+        "native": [],
+    }
 
     def close(thread: int, ts: int) -> None:
         current = open_frames.get(thread)
         if current and span_start.get(thread, ts) < ts:
-            key = tuple(current)
             out["tid"].append(os_tid.get(thread, 0))
             out["start_ns"].append(anchor_ns + span_start[thread] * 1000)
             out["end_ns"].append(anchor_ns + ts * 1000)
-            out["stack"].append(stacks.setdefault(key, len(stacks)))
+            out["stack"].append(stacks.setdefault(tuple(current), len(stacks)))
+            out["rate_hz"].append(rate_hz)
+            out["native"].append(int(native))
         span_start[thread] = ts
 
     for event in sorted(events, key=lambda e: e["ts"]):
@@ -176,11 +243,10 @@ def normalise(events: list[dict], anchor_ns: int) -> dict:
         name = event["name"]
         stack = open_frames.setdefault(thread, [])
         match = THREAD_FRAME.match(name)
-        if match and phase == "B":
-            os_tid[thread] = int(match.group(1))
-            names[int(match.group(1))] = match.group(2) or ""
-            continue
         if match:
+            if phase == "B":
+                os_tid[thread] = int(match.group(1))
+                names[int(match.group(1))] = match.group(2) or ""
             continue
         if phase == "B":
             args = event.get("args", {})
@@ -193,6 +259,36 @@ def normalise(events: list[dict], anchor_ns: int) -> dict:
         "stacks": [list(key) for key in stacks],
         "threads": {str(tid): name for tid, name in names.items()},
         "spans": out,
+    }
+
+
+def merge(parts: list[dict]) -> dict:
+    """One frame and stack table for several segments, their spans renumbered into it."""
+    frames: dict[tuple, int] = {}
+    stacks: dict[tuple[int, ...], int] = {}
+    merged: dict[str, list[int]] = {
+        "tid": [],
+        "start_ns": [],
+        "end_ns": [],
+        "stack": [],
+        "rate_hz": [],
+        "native": [],
+    }
+    threads: dict[str, str] = {}
+    for part in parts:
+        frame_map = [frames.setdefault(tuple(f), len(frames)) for f in part["frames"]]
+        stack_map = [
+            stacks.setdefault(tuple(frame_map[i] for i in s), len(stacks)) for s in part["stacks"]
+        ]
+        threads.update(part["threads"])
+        for key in ("tid", "start_ns", "end_ns", "rate_hz", "native"):
+            merged[key] += part["spans"][key]
+        merged["stack"] += [stack_map[s] for s in part["spans"]["stack"]]
+    return {
+        "frames": [list(f) for f in frames],
+        "stacks": [list(s) for s in stacks],
+        "threads": threads,
+        "spans": merged,
     }
 
 

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import click
 
+from ..budget import Budget
 from ..bundle import default_directory
 from ..capture import CaptureRequest, capture, parse_collectors, progress_printer
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
+from ..runs import clean_stale
 from ..target import Target, inspect
 from .options import capture_options, pid_option
 from .summary import print_outcome
@@ -24,19 +26,35 @@ def run_capture(
     perf_callgraph: str,
     perf_rate: int,
     no_report: bool,
+    stop_budget: float = 2.0,
+    cpu_budget: float = 0.5,
 ) -> int:
     if duration <= 0:
         raise UsageError(f"--duration must be positive, got {duration:g}")
     if max_size_mb <= 0:
         raise UsageError(f"--max-size must be positive, got {max_size_mb:g}")
+    if stop_budget <= 0 or cpu_budget <= 0:
+        raise UsageError("--stop-budget and --cpu-budget must be positive")
+    parsed = parse_collectors(collectors)
+    for cleanup in clean_stale():
+        click.echo(
+            f"profkit: a capture by pid {cleanup.owner} was killed; cleaned up: "
+            f"{'; '.join(cleanup.actions) or 'nothing was left'}",
+            err=True,
+        )
+    if not target.has_torch:
+        click.echo(
+            f"profkit: note: pid {target.pid} has no torch loaded; capturing anyway", err=True
+        )
     request = CaptureRequest(
         target=target,
         directory=Path(out) if out else default_directory(target.pid),
         duration_s=duration,
         rate_hz=rate,
-        collectors=parse_collectors(collectors),
+        collectors=parsed,
         max_size_mb=max_size_mb,
         options={"perf_callgraph": perf_callgraph, "perf_rate": str(perf_rate)},
+        budget=Budget(stopped_share=stop_budget / 100, tool_cores=cpu_budget),
     )
     manifest = capture(request, on_tick=progress_printer())
     print_outcome(request.directory, manifest, report=not no_report)

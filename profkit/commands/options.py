@@ -30,14 +30,29 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "--rate",
             "-r",
             type=int,
-            default=20,
+            default=10,
             show_default=True,
             help="py-spy sampling rate in Hz (--native pauses the target per sample).",
         ),
         click.option(
+            "--stop-budget",
+            type=float,
+            default=2.0,
+            show_default=True,
+            help="Most % of time py-spy may hold the target stopped; over it the rate halves.",
+        ),
+        click.option(
+            "--cpu-budget",
+            type=float,
+            default=0.5,
+            show_default=True,
+            help="Most CPU (cores) profkit and its tools may use; over it a collector stops.",
+        ),
+        click.option(
             "--collectors",
             "-c",
-            help="Comma-separated subset of: ebpf, proc, cgroup, perf_stat, perf_record, pyspy.",
+            help="Comma-separated subset of ebpf, proc, cgroup, perf_stat, perf_record, pyspy, "
+            "or all (default: all but perf_stat).",
         ),
         click.option(
             "--max-size",
@@ -57,7 +72,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         click.option(
             "--perf-rate",
             type=int,
-            default=99,
+            default=49,
             show_default=True,
             help="perf cpu-clock sampling rate in Hz.",
         ),

@@ -26,8 +26,18 @@ CASES = {
     "numpy_copy": (["recipes/shm_fanout.py", "--copy", "numpy", "--threads", "8"], None),
     "two_sites": (["recipes/two_sites.py", "--threads", "8"], None),
 }
-KEEP = ("manifest.json", "proc.json", "cgroup.json", "pyspy.json", "perf.json", "ebpf.json",
-        "perf_stat.json", "pyspy.chrometrace.json", "perf_stat.csv", "perf_script.txt")
+KEEP = (
+    "manifest.json",
+    "proc.json",
+    "cgroup.json",
+    "pyspy.json",
+    "perf.json",
+    "ebpf.json",
+    "perf_stat.json",
+    "pyspy.chrometrace.json",
+    "perf_stat.csv",
+    "perf_script.txt",
+)
 
 
 def record(name: str, command: list[str], cores: float | None) -> None:
@@ -42,15 +52,40 @@ def record(name: str, command: list[str], cores: float | None) -> None:
             for path in procs:
                 Path(path).write_text(str(__import__("os").getpid()))
 
-        target = subprocess.Popen([sys.executable, *command], cwd=ROOT, preexec_fn=join,
-                                  stdout=subprocess.DEVNULL)
+        target = subprocess.Popen(
+            [sys.executable, *command], cwd=ROOT, preexec_fn=join, stdout=subprocess.DEVNULL
+        )
         time.sleep(2.5)
-        subprocess.run([sys.executable, "-m", "profkit", "attach", "--pid", str(target.pid),
-                        "--duration", "3", "--out", str(scratch), "--no-report"], check=True,
-                       cwd=ROOT)
-        script = subprocess.run(["perf", "script", "-i", str(scratch / "perf.data"),
-                                 "--no-inline", "-F", "tid,time,period,ip,sym,dso"],
-                                capture_output=True, text=True).stdout
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "profkit",
+                "attach",
+                "--pid",
+                str(target.pid),
+                "--duration",
+                "3",
+                "--out",
+                str(scratch),
+                "--no-report",
+            ],
+            check=True,
+            cwd=ROOT,
+        )
+        script = subprocess.run(
+            [
+                "perf",
+                "script",
+                "-i",
+                str(scratch / "perf.data"),
+                "--no-inline",
+                "-F",
+                "tid,time,period,ip,sym,dso",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout
         (scratch / "perf_script.txt").write_text("\n\n".join(script.split("\n\n")[:150]))
         target.terminate()
         target.wait()

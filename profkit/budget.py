@@ -1,0 +1,92 @@
+"""Keep the capture inside its overhead budget while it runs, and say what was given up.
+
+Two costs are watched. The target's: py-spy `--native` ptrace-stops every thread per sample,
+and the /proc sampler sees those stops as thread state `t`; the share of thread samples in that
+state is the share of the target's time spent stopped. The machine's: CPU used by profkit and
+its child tools, read from /proc. Over budget, py-spy's rate is halved (down to 1 Hz, then it is
+stopped), and if the tools' CPU is still too high the costliest collector is stopped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from . import procfs
+
+TRACED_STATES = (ord("t"), ord("T"))
+
+
+@dataclass(frozen=True)
+class Budget:
+    stopped_share: float = 0.02  # of the target's thread time spent ptrace-stopped
+    tool_cores: float = 0.5  # CPU of profkit and its tools together
+    window_s: float = 3.0
+    settle_s: float = 1.5  # samples this soon after the start or a change are not judged
+
+
+@dataclass
+class Decision:
+    t_ns: int
+    action: str  # "reduce-rate", "drop"
+    collector: str
+    reason: str
+
+
+@dataclass
+class BudgetMonitor:
+    budget: Budget
+    started_ns: int
+    decisions: list[Decision] = field(default_factory=list)
+    _cpu: deque[tuple[int, float]] = field(default_factory=deque)
+    _last_change_ns: int = 0
+    _rows_seen: int = 0
+    _stops: deque[tuple[int, int, int]] = field(default_factory=deque)
+
+    def stopped_share(self, rows: list[tuple[int, ...]], now_ns: int) -> float | None:
+        """Share of thread samples in tracing stop over the last window (rows: /proc sampler)."""
+        fresh = rows[self._rows_seen :]
+        self._rows_seen = len(rows)
+        # py-spy holds the target stopped while it attaches; that start-up pause is over by the
+        # time the settle period ends, and judging the rate by it would punish every restart.
+        since = max(self.started_ns, self._last_change_ns) + int(self.budget.settle_s * 1e9)
+        by_time: dict[int, list[int]] = {}
+        for row in fresh:
+            if row[0] < since:
+                continue
+            counts = by_time.setdefault(row[0], [0, 0])
+            counts[0] += 1
+            counts[1] += row[5] in TRACED_STATES
+        for t, (total, stopped) in by_time.items():
+            self._stops.append((t, total, stopped))
+        horizon = now_ns - int(self.budget.window_s * 1e9)
+        while self._stops and self._stops[0][0] < horizon:
+            self._stops.popleft()
+        total = sum(s[1] for s in self._stops)
+        return None if total < 20 else sum(s[2] for s in self._stops) / total
+
+    def tool_cores(self, pids: list[int], now_ns: int) -> float | None:
+        """CPU of profkit itself and its tools over the window, in cores."""
+        seconds = 0.0
+        for pid in pids:
+            try:
+                seconds += procfs.read_stat(pid).cpu_seconds
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        self._cpu.append((now_ns, seconds))
+        horizon = now_ns - int(self.budget.window_s * 1e9)
+        while len(self._cpu) > 2 and self._cpu[0][0] < horizon:
+            self._cpu.popleft()
+        (t0, s0), (t1, s1) = self._cpu[0], self._cpu[-1]
+        # Tools stopped since the window began make the sum drop: never report below zero.
+        return None if t1 - t0 < 1e9 else max(0.0, (s1 - s0) / ((t1 - t0) / 1e9))
+
+    def settled(self, now_ns: int) -> bool:
+        since = max(self.started_ns, self._last_change_ns)
+        return now_ns - since >= (self.budget.settle_s + 1.5) * 1e9
+
+    def record(self, now_ns: int, action: str, collector: str, reason: str) -> None:
+        self.decisions.append(Decision(now_ns, action, collector, reason))
+        self._last_change_ns = now_ns
+        self._stops.clear()
+        self._cpu.clear()
