@@ -11,7 +11,8 @@ setup:
 demo: setup
 	@$(PY) recipes/demo.py
 
-test: setup
+test:
+	@bash scripts/setup.sh --test
 	@$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 lint: setup

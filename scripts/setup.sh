@@ -7,10 +7,16 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 APT_PACKAGES=(linux-perf bpfcc-tools python3-bpfcc linux-headers-amd64)
+# The real consumers the tests hand profkit's outputs to: a browser, Go's pprof, speedscope.
+TEST_APT_PACKAGES=(chromium golang-go nodejs npm)
+WITH_TEST_TOOLS=0
+[ "${1:-}" = "--test" ] && WITH_TEST_TOOLS=1
 
 say() { printf 'setup: %s\n' "$*"; }
 
 install_debian_packages() {
+  local wanted=("${APT_PACKAGES[@]}")
+  [ "$WITH_TEST_TOOLS" = 1 ] && wanted+=("${TEST_APT_PACKAGES[@]}")
   if ! command -v apt-get >/dev/null 2>&1; then
     say "no apt-get here: install ${APT_PACKAGES[*]} by hand (profkit doctor says what is missing)"
     return
@@ -20,7 +26,9 @@ install_debian_packages() {
     return
   fi
   local missing=()
-  for pkg in "${APT_PACKAGES[@]}"; do
+  for pkg in "${wanted[@]}"; do
+    # A tool already on PATH (node, npm from another source) needs no Debian package.
+    case "$pkg" in nodejs) command -v node >/dev/null && continue ;; npm) command -v npm >/dev/null && continue ;; esac
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -70,8 +78,19 @@ make_venv() {
   fi
 }
 
+install_speedscope() {
+  [ "$WITH_TEST_TOOLS" = 1 ] || return 0
+  command -v npm >/dev/null 2>&1 || { say "no npm: speedscope tests will skip"; return; }
+  if [ ! -f .cache/node/node_modules/speedscope/package.json ]; then
+    say "installing speedscope (npm) into .cache/node"
+    mkdir -p .cache/node
+    npm install --silent --no-audit --no-fund --prefix .cache/node speedscope@1 >/dev/null
+  fi
+}
+
 install_debian_packages
 link_kernel_headers
 mount_tracefs
 make_venv
+install_speedscope
 say "ready"

@@ -130,6 +130,7 @@ def render_html(report: Report) -> str:
 
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<link rel="icon" href="data:,">
 <style>
  body {{ font-family: sans-serif; margin: 1.5em; color: #222; max-width: 1240px; }}
  table {{ border-collapse: collapse; margin: 0.5em 0 1em; font-size: 13px; }}
