@@ -18,8 +18,8 @@ from profkit.render.flame_svg import render_svg
 from profkit.render.html_report import render_html
 from profkit.render.timeline import render_timeline
 
-from .consumers import SPEEDSCOPE, browser_page, go_pprof, need_chromium, serve
 from .conftest import DATA, run_profkit
+from .consumers import SPEEDSCOPE, browser_page, go_pprof, need_chromium, serve
 
 FANOUT = DATA / "fanout_quota"
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -155,7 +155,7 @@ def test_speedscope_imports_export_and_timeline(tmp_path: Path) -> None:
         page.screenshot(path=str(tmp_path / "speedscope.png"))
     with serve(site) as base, browser_page() as (page, errors2):
         page.goto(f"{base}/index.html#profileURL={base}/trace.json")
-        page.wait_for_selector(f"text=(dispatcher)", timeout=20_000)
+        page.wait_for_selector("text=(dispatcher)", timeout=20_000)
         page.keyboard.press("3")
         page.wait_for_timeout(500)
         body = page.inner_text("body")
