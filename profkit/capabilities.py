@@ -236,14 +236,14 @@ def check_btf() -> Check:
 
 def check_tracefs() -> Check:
     for directory in TRACEFS_DIRS:
-        if (directory / "uprobe_events").exists():
-            return Check("tracefs", OK, f"{directory}")
-    return Check(
-        "tracefs",
-        MISSING,
-        "not mounted: uprobes cannot be listed or cleaned",
-        "mount -t tracefs nodev /sys/kernel/tracing",
-    )
+        try:
+            if (directory / "uprobe_events").exists():
+                return Check("tracefs", OK, f"{directory}")
+        except PermissionError:
+            return Check("tracefs", MISSING, f"{directory} is not readable by this user",
+                         "run as root")
+    return Check("tracefs", MISSING, "not mounted: uprobes cannot be listed or cleaned",
+                 "mount -t tracefs nodev /sys/kernel/tracing")
 
 
 def check_uprobes() -> Check:

@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tensor-mb", type=float, default=12.0)
     parser.add_argument("--duration", type=float, default=0.0, help="seconds; 0 runs until signal")
     parser.add_argument("--report-every", type=float, default=0.0, help="print progress every N s")
+    parser.add_argument("--pause-ms", type=float, default=0.0, help="sleep between copies")
     return parser.parse_args(argv)
 
 
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             shm.close()
             shm.unlink()
         copies += 1
+        if args.pause_ms:
+            time.sleep(args.pause_ms / 1000)
         now = time.monotonic()
         if args.report_every and now - last_report >= args.report_every:
             print(f"progress copies={copies} t_ns={time.monotonic_ns()}", flush=True)
