@@ -43,7 +43,8 @@ def analyse(bundle: Bundle) -> Report:
     window = bundle.window
     cpu = cpu_window(bundle.proc, window)
     tids = [t.tid for t in cpu.threads]
-    roles, pools = classify(bundle, tids, {t.tid: t.name for t in cpu.threads})
+    busy = {t.tid for t in cpu.threads if t.cpu_seconds / cpu.seconds >= 0.01}
+    roles, pools = classify(bundle, tids, {t.tid: t.name for t in cpu.threads}, busy)
     recon = reconcile(cpu, roles, bundle.pyspy, (cpu.start_ns, cpu.end_ns))
     target = bundle.manifest.get("target", {})
     quota = quota_use(
@@ -78,11 +79,20 @@ def analyse(bundle: Bundle) -> Report:
         pool_reports.append(PoolReport(pool, cpu.cores_of(workers), regions, activity, attribution))
         for finding in (
             fanout(_pool_recon(recon, pool, cpu), pool, activity, attribution),
-            oversubscription(pool, _pool_recon(recon, pool, cpu), quota),
+            oversubscription(pool.team_size, f"{len(pool.workers)} workers seen + the "
+                             "dispatcher", cpu.cores_of(workers), quota),
             spin(pool, activity, _pool_recon(recon, pool, cpu)),
         ):
             if finding:
                 findings.append(finding)
+    if not any(p.pool.name == "openmp" for p in pool_reports):
+        # No pool seen at all (no native collector): judge by the pool the runtime is set to.
+        configured = int(target.get("pool_threads") or 0)
+        source = f"configured: {target.get('pool_threads_source', 'unknown')}"
+        finding = oversubscription(configured, source, 0.0, quota) if \
+            target.get("openmp_runtime") else None
+        if finding:
+            findings.append(finding)
     extra = blind_spot(recon)
     if extra:
         findings.append(extra)

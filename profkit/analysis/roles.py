@@ -72,8 +72,9 @@ def _perf_pool_votes(bundle: Bundle) -> dict[int, Counter[str]]:
 
 
 def classify(
-    bundle: Bundle, tids: list[int], names: dict[int, str]
+    bundle: Bundle, tids: list[int], names: dict[int, str], busy: set[int] | None = None
 ) -> tuple[tuple[ThreadRole, ...], tuple[Pool, ...]]:
+    """Roles of the threads; `busy` are those that used CPU in the window (for /proc inference)."""
     manifest_target = bundle.manifest.get("target", {})
     pid = int(manifest_target.get("pid", 0))
     python_tids = set(bundle.pyspy.names) if bundle.pyspy else set()
@@ -90,6 +91,7 @@ def classify(
                 woken_by_python[wakee] += count
                 waker_of.setdefault(wakee, Counter())[waker] += count
     openmp_path = manifest_target.get("openmp_runtime")
+    blind = bundle.perf is None and bundle.sched is None
     roles: list[ThreadRole] = []
     members: dict[str, list[int]] = {}
     dispatchers: dict[str, Counter[int]] = {}
@@ -106,6 +108,12 @@ def classify(
         elif woken_by_python[tid] >= MIN_WAKEUPS and openmp_path:
             pool = "openmp"
             evidence = f"woken {woken_by_python[tid]} times by a Python thread"
+        elif blind and openmp_path and name == names.get(pid) and tid in (busy or set()):
+            # No native evidence at all: OpenMP workers keep the process's own thread name,
+            # while most other libraries name their threads. Weaker, and said so.
+            pool = "openmp"
+            evidence = ("inferred from /proc: an unnamed non-Python thread in a process that "
+                        "maps an OpenMP runtime (no perf or eBPF data)")
         if pool is None:
             roles.append(ThreadRole(tid, name, OTHER, None, "no pool runtime seen"))
             continue
@@ -127,5 +135,7 @@ def classify(
         found = tuple(t for t, _ in dispatchers.get(pool_name, Counter()).most_common())
         if not found and bundle.sched is not None and len(bundle.sched.region_tid):
             found = tuple(int(t) for t in np.unique(bundle.sched.region_tid))
+        if not found and pid in python_tids:
+            found = (pid,)  # the main thread, unless the scheduler data says otherwise
         pools.append(Pool(pool_name, runtime, tuple(sorted(workers)), found))
     return tuple(roles), tuple(pools)

@@ -31,6 +31,7 @@ class LoadResult:
     latency_p99_ms: float
     front_cpu_pct: float
     scheduler_cpu_pct: float
+    error_samples: tuple[str, ...] = ()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -56,6 +57,7 @@ async def run_load(url: str, concurrency: int, requests: int, seed: int, image_s
     latencies: list[float] = []
     answers: list[dict] = []
     errors = 0
+    error_samples: list[str] = []
     queue: asyncio.Queue[int] = asyncio.Queue()
     for index in range(requests):
         queue.put_nowait(index)
@@ -64,19 +66,27 @@ async def run_load(url: str, concurrency: int, requests: int, seed: int, image_s
         async with session.get(f"{url}/info") as response:
             info = await response.json()
 
-        async def worker() -> None:
+        def failed(what: str) -> None:
             nonlocal errors
-            while not queue.empty():
-                index = queue.get_nowait()
+            errors += 1
+            if len(error_samples) < 5:
+                error_samples.append(what[:200])
+
+        async def worker() -> None:
+            while True:
+                try:
+                    index = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
                 started = time.monotonic()
                 try:
                     async with session.post(f"{url}/generate", data=images[index]) as response:
-                        payload = await response.json()
+                        payload = await response.json(content_type=None)
                         if response.status != 200 or "result" not in payload:
-                            errors += 1
+                            failed(f"HTTP {response.status}: {payload}")
                             continue
-                except (aiohttp.ClientError, asyncio.TimeoutError):
-                    errors += 1
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                    failed(f"{type(exc).__name__}: {exc}")
                     continue
                 latencies.append(time.monotonic() - started)
                 answers.append({"seed": seed + index, "result": payload["result"]})
@@ -94,7 +104,8 @@ async def run_load(url: str, concurrency: int, requests: int, seed: int, image_s
         latency_p50_ms=1000 * percentile(latencies, 50),
         latency_p99_ms=1000 * percentile(latencies, 99),
         front_cpu_pct=100 * front / seconds if seconds else 0.0,
-        scheduler_cpu_pct=100 * scheduler / seconds if seconds else 0.0)
+        scheduler_cpu_pct=100 * scheduler / seconds if seconds else 0.0,
+        error_samples=tuple(error_samples))
     return result, answers
 
 
