@@ -32,6 +32,7 @@ class Config:
     kind: str  # "bare", "pyspy" (py-spy alone) or "profkit"
     arg: str = ""  # py-spy rate, or profkit collectors ("" = default set)
     rate: str = ""  # profkit's py-spy rate ("" = profkit's default)
+    mode: str = ""  # profkit's py-spy mode ("" = profkit's default)
 
 
 DEFAULT_CONFIGS = (
@@ -49,11 +50,14 @@ def parse_config(name: str) -> Config:
         return Config(name, "pyspy", name.removeprefix("pyspy-native-").removesuffix("hz"))
     if name.startswith("profkit-"):
         rest = name.removeprefix("profkit-")
+        mode = ""
+        if rest.endswith("-nonblocking"):
+            rest, mode = rest.removesuffix("-nonblocking"), "nonblocking"
         rate = ""
         if rest.endswith("hz") and "-" in rest:
             rest, rate = rest.rsplit("-", 1)
             rate = rate.removesuffix("hz")
-        return Config(name, "profkit", "" if rest == "default" else rest, rate)
+        return Config(name, "profkit", "" if rest == "default" else rest, rate, mode)
     raise SystemExit(f"unknown configuration {name}")
 
 
@@ -142,6 +146,8 @@ def run_once(config: Config, threads: int, seconds: float, warmup: float) -> flo
                 args += ["--collectors", config.arg]
             if config.rate:
                 args += ["--rate", config.rate]
+            if config.mode:
+                args += ["--pyspy-mode", config.mode]
             subprocess.run(args, capture_output=True, check=False, cwd=ROOT)
             manifest = json.loads(Path(f"{scratch}/b/manifest.json").read_text())
             window = (manifest["window"]["start_ns"], manifest["window"]["end_ns"])

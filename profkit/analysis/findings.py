@@ -28,9 +28,15 @@ class Finding:
 
 
 def fanout(recon: Reconciliation, pool: Pool, activity: Activity | None,
-           attribution: Attribution) -> Finding | None:
+           attribution: Attribution, budget_threads: int) -> Finding | None:
+    """A pool burning CPU is a problem when it is larger than the CPU budget can run, or when
+    its workers mostly spin; a pool that fits the budget and works is parallelism doing its job."""
     share = recon.pool_workers / recon.process_cores if recon.process_cores else 0.0
     if recon.pool_workers < FANOUT_MIN_CORES or share < FANOUT_MIN_SHARE:
+        return None
+    spinning = bool(activity and activity.samples and
+                    activity.shares.get("spin", 0.0) >= SPIN_MIN_SHARE)
+    if pool.team_size <= budget_threads and not spinning:
         return None
     sites = attribution.sites
     top = sites[0] if sites else None
@@ -44,6 +50,7 @@ def fanout(recon: Reconciliation, pool: Pool, activity: Activity | None,
         "pool_cores": round(recon.pool_workers, 3), "process_cores": round(recon.process_cores, 3),
         "pool_share_of_process": round(share, 3),
         "python_sampled_cores": round(recon.python_sampled_cores, 3),
+        "budget_threads": budget_threads,
     }
     if activity is not None and activity.samples:
         evidence["activity"] = {k: round(v, 3) for k, v in activity.shares.items()}

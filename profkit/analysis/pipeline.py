@@ -45,7 +45,7 @@ def analyse(bundle: Bundle) -> Report:
     tids = [t.tid for t in cpu.threads]
     busy = {t.tid for t in cpu.threads if t.cpu_seconds / cpu.seconds >= 0.01}
     roles, pools = classify(bundle, tids, {t.tid: t.name for t in cpu.threads}, busy)
-    recon = reconcile(cpu, roles, bundle.pyspy, (cpu.start_ns, cpu.end_ns))
+    recon = reconcile(cpu, roles, bundle.pyspy, (cpu.start_ns, cpu.end_ns), bundle.perf)
     target = bundle.manifest.get("target", {})
     quota = quota_use(
         bundle.cgroup,
@@ -55,6 +55,8 @@ def analyse(bundle: Bundle) -> Report:
     )
     pool_reports = []
     findings: list[Finding] = []
+    cpus = int(target.get("cpus_allowed") or 1)
+    budget = quota.recommended_threads if quota is not None else cpus
     for pool in pools:
         workers = set(pool.workers)
         activity = pool_activity(bundle.perf, workers, window) if bundle.perf else None
@@ -78,7 +80,7 @@ def analyse(bundle: Bundle) -> Report:
             )
         pool_reports.append(PoolReport(pool, cpu.cores_of(workers), regions, activity, attribution))
         for finding in (
-            fanout(_pool_recon(recon, pool, cpu), pool, activity, attribution),
+            fanout(_pool_recon(recon, pool, cpu), pool, activity, attribution, budget),
             oversubscription(pool.team_size, f"{len(pool.workers)} workers seen + the "
                              "dispatcher", cpu.cores_of(workers), quota),
             spin(pool, activity, _pool_recon(recon, pool, cpu)),

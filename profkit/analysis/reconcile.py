@@ -9,7 +9,7 @@ import numpy as np
 
 from .attribution import expand_weighted
 from .cpu import CpuWindow
-from .records import PySpySpans
+from .records import PerfSamples, PySpySpans
 from .roles import OTHER, PYTHON, WORKER, ThreadRole
 
 IDLE_LEAF = re.compile(
@@ -46,40 +46,37 @@ class Reconciliation:
         return 100.0 * abs(self.unexplained_cores) / self.process_cores
 
 
-def reconcile(
-    cpu: CpuWindow, roles: tuple[ThreadRole, ...], spans: PySpySpans | None, window: tuple[int, int]
-) -> Reconciliation:
+def reconcile(cpu: CpuWindow, roles: tuple[ThreadRole, ...], spans: PySpySpans | None,
+              window: tuple[int, int], perf: PerfSamples | None = None) -> Reconciliation:
     """Split the process's CPU into Python, native-under-Python, pool workers and other threads.
 
     "py-spy sampled" is the CPU of the threads py-spy can see (the Python threads), over the
     part of the window its samples cover: what a perfect py-spy would account for. Within those
-    threads, the share of samples whose leaf frame is Python code splits interpreted Python from
-    native code called from Python; samples waiting in a blocking call are left out of that split.
+    threads, interpreted Python and native code are told apart by perf's on-CPU samples (leaf in
+    the interpreter or not) when perf ran, else by py-spy's --native samples (leaf frame Python
+    or native, leaving out samples waiting in a blocking call).
     """
     by_tid = {r.tid: r for r in roles}
-    threads = tuple(
-        ThreadShare(
-            t.tid,
-            t.name,
-            by_tid[t.tid].role if t.tid in by_tid else OTHER,
-            by_tid[t.tid].pool if t.tid in by_tid else None,
-            t.cpu_seconds / cpu.seconds,
-        )
-        for t in cpu.threads
-    )
+    threads = tuple(ThreadShare(t.tid, t.name, by_tid[t.tid].role if t.tid in by_tid else OTHER,
+                                by_tid[t.tid].pool if t.tid in by_tid else None,
+                                t.cpu_seconds / cpu.seconds) for t in cpu.threads)
     python_part = native_part = sampled = 0.0
     for share in (t for t in threads if t.role == PYTHON):
         fraction_python, coverage = 1.0, 0.0
         if spans is not None:
             _, times, stacks, seconds = expand_weighted(spans, {share.tid})
             keep = (times >= window[0]) & (times <= window[1])
-            stacks = stacks[keep]
             coverage = min(1.0, float(seconds[keep].sum()) / cpu.seconds)
-            active = [int(s) for s in stacks if not _idle_leaf(spans, int(s))] or [
-                int(s) for s in stacks
-            ]
+            native = np.repeat(spans.span_native[spans.tid == share.tid],
+                               _span_counts(spans, share.tid))[keep]
+            stacks = stacks[keep][native == 1]
+            active = [int(s) for s in stacks if not _idle_leaf(spans, int(s))] or \
+                [int(s) for s in stacks]
             if active:
                 fraction_python = float(np.mean([_leaf_is_python(spans, s) for s in active]))
+        from_perf = _perf_python_fraction(perf, share.tid, window)
+        if from_perf is not None:
+            fraction_python = from_perf
         python_part += share.cores * fraction_python
         native_part += share.cores * (1.0 - fraction_python)
         sampled += share.cores * coverage
@@ -87,16 +84,37 @@ def reconcile(
     other = sum(t.cores for t in threads if t.role == OTHER)
     explained = python_part + native_part + pool + other
     return Reconciliation(
-        window_seconds=cpu.seconds,
-        process_cores=cpu.process_cores,
-        python_sampled_cores=sampled,
-        python=python_part,
-        native_in_python_threads=native_part,
-        pool_workers=pool,
-        other=other,
-        unexplained_cores=cpu.process_cores - explained,
-        threads=tuple(sorted(threads, key=lambda t: -t.cores)),
-    )
+        window_seconds=cpu.seconds, process_cores=cpu.process_cores,
+        python_sampled_cores=sampled, python=python_part, native_in_python_threads=native_part,
+        pool_workers=pool, other=other, unexplained_cores=cpu.process_cores - explained,
+        threads=tuple(sorted(threads, key=lambda t: -t.cores)))
+
+
+INTERPRETER = re.compile(r"libpython|/python3(\.\d+)?$|/bin/python")
+
+
+def _perf_python_fraction(perf: PerfSamples | None, tid: int, window: tuple[int, int]
+                          ) -> float | None:
+    """Share of a thread's on-CPU perf samples whose user-space leaf is the interpreter."""
+    if perf is None:
+        return None
+    mask = (perf.tid == tid) & (perf.t_ns >= window[0]) & (perf.t_ns <= window[1])
+    if mask.sum() < 10:
+        return None
+    interpreted = 0
+    for stack_id in perf.stack[mask]:
+        user = [dso for _, dso in (perf.frames[i] for i in perf.stacks[int(stack_id)])
+                if dso != "[kernel.kallsyms]"]
+        interpreted += bool(user) and bool(INTERPRETER.search(user[-1]))
+    return interpreted / int(mask.sum())
+
+
+def _span_counts(spans: PySpySpans, tid: int) -> np.ndarray:
+    mask = spans.tid == tid
+    rates = np.where(spans.span_rate_hz[mask] > 0, spans.span_rate_hz[mask], spans.rate_hz)
+    interval = 1e9 / np.maximum(1, rates)
+    return np.maximum(1, np.rint((spans.end_ns[mask] - spans.start_ns[mask]) / interval)
+                      ).astype(np.int64)
 
 
 def _leaf_is_python(spans: PySpySpans, stack_id: int) -> bool:

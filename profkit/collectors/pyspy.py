@@ -50,7 +50,8 @@ class PySpyCollector:
 
     def start(self, context: CaptureContext) -> None:
         self._context = context
-        self._start_segment(context.rate_hz, native=True)
+        native = context.options.get("pyspy_mode") != "nonblocking"
+        self._start_segment(context.rate_hz, native=native)
 
     def _start_segment(self, rate: int, native: bool) -> None:
         assert self._tool.path is not None and self._context is not None

@@ -28,6 +28,7 @@ def run_capture(
     no_report: bool,
     stop_budget: float = 2.0,
     cpu_budget: float = 0.5,
+    pyspy_mode: str = "native",
 ) -> int:
     if duration <= 0:
         raise UsageError(f"--duration must be positive, got {duration:g}")
@@ -53,7 +54,11 @@ def run_capture(
         rate_hz=rate,
         collectors=parsed,
         max_size_mb=max_size_mb,
-        options={"perf_callgraph": perf_callgraph, "perf_rate": str(perf_rate)},
+        options={
+            "perf_callgraph": perf_callgraph,
+            "perf_rate": str(perf_rate),
+            "pyspy_mode": pyspy_mode,
+        },
         budget=Budget(stopped_share=stop_budget / 100, tool_cores=cpu_budget),
     )
     manifest = capture(request, on_tick=progress_printer())

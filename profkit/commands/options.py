@@ -35,6 +35,14 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             help="py-spy sampling rate in Hz (--native pauses the target per sample).",
         ),
         click.option(
+            "--pyspy-mode",
+            type=click.Choice(["native", "nonblocking"]),
+            default="native",
+            show_default=True,
+            help="native: native frames, the target stopped per sample (needed to tell call "
+            "sites apart reliably); nonblocking: never stopped, sites placed by time only.",
+        ),
+        click.option(
             "--stop-budget",
             type=float,
             default=2.0,

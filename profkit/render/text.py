@@ -71,7 +71,7 @@ def render_text(report: Report) -> str:
         if attribution.sites:
             rows = [
                 (
-                    _short(s.site.label),
+                    _short(s.site.label, 26),
                     s.site.function[:18],
                     s.op or "?",
                     f"{s.pool_cores:.2f}",
@@ -79,7 +79,8 @@ def render_text(report: Report) -> str:
                 )
                 for s in attribution.sites[:5]
             ]
-            lines.append(table(("site", "function", "op", "cores", "share"), rows))
+            lines.append(table(("site", "function", "op", "cores", "share"), rows,
+                               (26, 14, 20, 5, 5)))
             top = attribution.sites[0]
             if top.code:
                 lines.append(f"  {_short(top.site.label)}: {top.code}"[:WIDTH])

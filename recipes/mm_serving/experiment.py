@@ -76,7 +76,7 @@ def plan(arms: tuple[Arm, ...], repeats: int, seed: int) -> list[tuple[int, Arm]
 
 
 def summarise(runs: list[dict], arms: tuple[Arm, ...]) -> list[dict]:
-    """Per arm: the median and min-max spread of each measure, and the usual top finding."""
+    """Per arm: the median and min-max spread of each measure, and its usual findings."""
     rows = []
     for arm in arms:
         mine = [r for r in runs if r["arm"] == arm.name]
@@ -90,6 +90,9 @@ def summarise(runs: list[dict], arms: tuple[Arm, ...]) -> list[dict]:
             row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
         findings = [r.get("top_finding") or "none" for r in mine]
         row["top_finding"] = max(set(findings), key=findings.count)
+        sets = [", ".join(f"{f['id']} ({f['severity']})" for f in r.get("findings", []))
+                or "none" for r in mine]
+        row["findings"] = max(set(sets), key=sets.count)
         rows.append(row)
     return rows
 
@@ -99,7 +102,7 @@ def markdown(rows: list[dict], config: Config) -> str:
     lines = [f"Front in a {quota}, concurrency {config.concurrency}, {config.requests} requests"
              f" per run, {config.repeats} runs per arm; medians [min-max].", "",
              "| arm | throughput req/s | p50 ms | p99 ms | front CPU % | scheduler CPU % | "
-             "errors | profkit top finding |", "|---|---|---|---|---|---|---|---|"]
+             "errors | profkit findings (most runs) |", "|---|---|---|---|---|---|---|---|"]
     def cell(row: dict, key: str, digits: int = 1) -> str:
         return (f"{row[key]:.{digits}f} [{row[f'{key}_min']:.{digits}f}-"
                 f"{row[f'{key}_max']:.{digits}f}]")
@@ -109,7 +112,7 @@ def markdown(rows: list[dict], config: Config) -> str:
                      f"{cell(row, 'latency_p50_ms', 0)} | {cell(row, 'latency_p99_ms', 0)} | "
                      f"{cell(row, 'front_cpu_pct', 0)} | {cell(row, 'scheduler_cpu_pct', 0)} | "
                      f"{row['errors']:.0f} | "
-                     f"{row['top_finding']} |")
+                     f"{row['findings']} |")
     base = next((r for r in rows if r["arm"] == rows[0]["arm"]), None)
     if base and len(rows) > 1:
         lines.append("")
@@ -220,8 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=Path("experiment-results"))
+    parser.add_argument("--table-from", type=Path,
+                        help="only re-render the table of an earlier experiment.json")
     args = parser.parse_args(argv)
     config = Config.load(args.config)
+    if args.table_from:
+        runs = json.loads(args.table_from.read_text())["runs"]
+        print(markdown(summarise(runs, config.arms), config), end="")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     for round_index, arm in plan(config.arms, config.repeats, config.seed):

@@ -23,12 +23,27 @@ def make_image(seed: int, width: int, height: int) -> bytes:
 
 
 def decode_ppm(data: bytes) -> torch.Tensor:
-    """PPM bytes → uint8 tensor (3, H, W)."""
-    parts = data.split(maxsplit=4)
-    if len(parts) < 5 or parts[0] != b"P6" or parts[3] != b"255":
+    """PPM bytes → uint8 tensor (3, H, W).
+
+    The header is three whitespace-separated fields after the magic, then exactly one whitespace
+    byte: the pixels may start with bytes that look like whitespace, so they are not split.
+    """
+    fields: list[bytes] = []
+    position = 0
+    while len(fields) < 4:
+        while position < len(data) and data[position:position + 1].isspace():
+            position += 1
+        end = position
+        while end < len(data) and not data[end:end + 1].isspace():
+            end += 1
+        if end == position:
+            raise ValueError("truncated PPM header")
+        fields.append(data[position:end])
+        position = end
+    if fields[0] != b"P6" or fields[3] != b"255":
         raise ValueError("not a binary PPM image with 8-bit channels")
-    width, height = int(parts[1]), int(parts[2])
-    pixels = np.frombuffer(parts[4], dtype=np.uint8, count=width * height * 3)
+    width, height = int(fields[1]), int(fields[2])
+    pixels = np.frombuffer(data, dtype=np.uint8, count=width * height * 3, offset=position + 1)
     return torch.from_numpy(pixels.reshape(height, width, 3).copy()).permute(2, 0, 1)
 
 
