@@ -83,7 +83,7 @@ def main() -> int:
     print(f"\nunshifted: in-region samples outside any region: {100 * (late > 0).mean():.1f}%, "
           f"distance p50 {np.percentile(late, 50):.2f} ms, p90 {np.percentile(late, 90):.2f} "
           f"ms, max {late.max():.2f} ms")
-    print(f"best shift: {best[0]:+.1f} ms (py-spy stamps a sample this much after it is taken)")
+    print(f"best shift: {best[0]:+.1f} ms (added to py-spy's stamps, it lines them up best)")
     return 0
 
 

@@ -36,8 +36,8 @@ class Config:
 
 
 DEFAULT_CONFIGS = (
-    "bare,pyspy-native-100hz,pyspy-native-20hz,profkit-default,profkit-proc,"
-    "profkit-cgroup,profkit-perf_stat,profkit-perf_record,profkit-ebpf,"
+    "bare,pyspy-native-100hz,pyspy-native-20hz,profkit-default,profkit-default-nonblocking,"
+    "profkit-proc,profkit-cgroup,profkit-perf_stat,profkit-perf_record,profkit-ebpf,"
     "profkit-pyspy"
 )
 

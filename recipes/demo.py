@@ -53,12 +53,63 @@ def start_recipe(group: QuotaGroup | None, threads: int) -> subprocess.Popen[str
     return recipe
 
 
+def serving_demo(cores: float, duration: float, out: Path) -> int:
+    """The serving recipe under load, its front profiled while it serves."""
+    import asyncio
+    import socket
+    import threading
+
+    from recipes.mm_serving.load import run_load
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        procs: list[str] = []
+        with contextlib.suppress(CgroupError):
+            group = stack.enter_context(quota_group(cores))
+            procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs]
+
+        def join() -> None:
+            for path in procs:
+                Path(path).write_text(str(os.getpid()))
+
+        command = [sys.executable, "-u", "-m", "recipes.mm_serving.front", "--transport",
+                   "shm-torch", "--threads", "8", "--port", str(port), "--model-size", "448"]
+        print("\n$ " + " ".join(command[1:]) + f"   (in a {cores:g}-core quota)", flush=True)
+        front = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                                 preexec_fn=join if procs else None)
+        assert front.stdout is not None
+        print(front.stdout.readline().rstrip(), flush=True)
+        url = f"http://127.0.0.1:{port}"
+        stop = threading.Event()
+
+        def load() -> None:
+            while not stop.is_set():
+                asyncio.run(run_load(url, 8, 16, 7, 512))
+
+        time.sleep(2.0)
+        driver = threading.Thread(target=load, daemon=True)
+        driver.start()
+        try:
+            time.sleep(1.0)
+            return profkit("attach", "--pid", str(front.pid), "--duration", str(duration),
+                           "--out", str(out))
+        finally:
+            stop.set()
+            driver.join(timeout=60)
+            front.send_signal(signal.SIGINT)
+            front.wait(timeout=30)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--cores", type=float, default=0.5)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--out", default="profkit-sessions/demo")
+    parser.add_argument("--skip-serving", action="store_true",
+                        help="profile only the copy loop, not the serving recipe")
     args = parser.parse_args()
     profkit("doctor")
     with contextlib.ExitStack() as stack:
@@ -89,7 +140,16 @@ def main() -> int:
         finally:
             recipe.send_signal(signal.SIGINT)
             print(recipe.communicate(timeout=30)[0].strip().splitlines()[-1], flush=True)
-    print(f"\nthe bundle is in {args.out}; re-analyse it without root: profkit report {args.out}")
+    print(f"\nthe bundle is in {args.out}; re-analyse it without root: "
+          f"profkit report {args.out}")
+    if not args.skip_serving:
+        serving_out = Path(args.out + "-serving")
+        if serving_out.exists():
+            import shutil
+
+            shutil.rmtree(serving_out)
+        code = serving_demo(args.cores, args.duration, serving_out) or code
+        print(f"\nthe serving bundle is in {serving_out}")
     return code
 
 

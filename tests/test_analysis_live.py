@@ -7,23 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import RECIPES, needs_root, run_profkit
+from .conftest import RECIPES, attach, needs_root, run_profkit
 
 pytestmark = [needs_root(), pytest.mark.live]
 
 
 def profile(pid: int, out: Path, duration: float = 5.0) -> dict:
-    captured = run_profkit(
-        "attach",
-        "--pid",
-        str(pid),
-        "--duration",
-        str(duration),
-        "--out",
-        str(out),
-        "--no-report",
-        timeout=180,
-    )
+    captured = attach(pid, out, duration=duration)
     assert captured.returncode == 0, captured.stderr
     reported = run_profkit("report", str(out), "--format", "json")
     assert reported.returncode == 0, reported.stderr

@@ -16,29 +16,11 @@ import pytest
 from profkit import procfs
 from profkit.analysis.records import load_bundle
 
-from .conftest import ROOT, needs_root, run_profkit
+from .conftest import ROOT, attach, needs_root, run_profkit
 
 pytestmark = [needs_root(), pytest.mark.live]
 SIX = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
 ALL = ("--collectors", "all")
-
-
-def attach(
-    pid: int, out: Path, *extra: str, env: dict[str, str] | None = None, duration: float = 4.0
-) -> subprocess.CompletedProcess[str]:
-    return run_profkit(
-        "attach",
-        "--pid",
-        str(pid),
-        "--duration",
-        str(duration),
-        "--out",
-        str(out),
-        "--no-report",
-        *extra,
-        env=env,
-        timeout=180,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -79,10 +79,10 @@ def expand_weighted(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(tid, time, stack, seconds) of every sample inside the merged py-spy spans."""
     mask = np.isin(spans.tid, list(tids))
-    start, end = spans.start_ns[mask], spans.end_ns[mask]
+    start = spans.start_ns[mask]
     rates = np.where(spans.span_rate_hz[mask] > 0, spans.span_rate_hz[mask], spans.rate_hz)
     interval = 1e9 / np.maximum(1, rates)
-    counts = np.maximum(1, np.rint((end - start) / interval)).astype(np.int64)
+    counts = span_sample_counts(spans, mask)
     offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     step = np.repeat(interval, counts)
     times = np.repeat(start, counts) + (offsets * step).astype(np.int64)
@@ -100,8 +100,8 @@ def expand_samples(spans: PySpySpans, tids: set[int]) -> tuple[np.ndarray, np.nd
     return tid, times, stacks
 
 
-def _counts(spans: PySpySpans, tids: set[int]) -> np.ndarray:
-    mask = np.isin(spans.tid, list(tids))
+def span_sample_counts(spans: PySpySpans, mask: np.ndarray) -> np.ndarray:
+    """How many samples each selected span stands for, at its own rate."""
     rates = np.where(spans.span_rate_hz[mask] > 0, spans.span_rate_hz[mask], spans.rate_hz)
     interval = 1e9 / np.maximum(1, rates)
     spans_ns = spans.end_ns[mask] - spans.start_ns[mask]
@@ -164,7 +164,8 @@ def attribute(
         )
     tids = dispatchers or {int(t) for t in np.unique(spans.tid)}
     tid, times, stacks = expand_samples(spans, tids)
-    native = np.repeat(spans.span_native[np.isin(spans.tid, list(tids))], _counts(spans, tids))
+    selected = np.isin(spans.tid, list(tids))
+    native = np.repeat(spans.span_native[selected], span_sample_counts(spans, selected))
     keep = (times >= window[0]) & (times <= window[1])
     tid, times, stacks, native = tid[keep], times[keep], stacks[keep], native[keep]
     infos = {int(s): stack_info(spans, int(s)) for s in np.unique(stacks)}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attribution import expand_weighted
+from .attribution import expand_weighted, span_sample_counts
 from .cpu import CpuWindow
 from .records import PerfSamples, PySpySpans
 from .roles import OTHER, PYTHON, WORKER, ThreadRole
@@ -67,8 +67,8 @@ def reconcile(cpu: CpuWindow, roles: tuple[ThreadRole, ...], spans: PySpySpans |
             _, times, stacks, seconds = expand_weighted(spans, {share.tid})
             keep = (times >= window[0]) & (times <= window[1])
             coverage = min(1.0, float(seconds[keep].sum()) / cpu.seconds)
-            native = np.repeat(spans.span_native[spans.tid == share.tid],
-                               _span_counts(spans, share.tid))[keep]
+            mine = spans.tid == share.tid
+            native = np.repeat(spans.span_native[mine], span_sample_counts(spans, mine))[keep]
             stacks = stacks[keep][native == 1]
             active = [int(s) for s in stacks if not _idle_leaf(spans, int(s))] or \
                 [int(s) for s in stacks]
@@ -107,14 +107,6 @@ def _perf_python_fraction(perf: PerfSamples | None, tid: int, window: tuple[int,
                 if dso != "[kernel.kallsyms]"]
         interpreted += bool(user) and bool(INTERPRETER.search(user[-1]))
     return interpreted / int(mask.sum())
-
-
-def _span_counts(spans: PySpySpans, tid: int) -> np.ndarray:
-    mask = spans.tid == tid
-    rates = np.where(spans.span_rate_hz[mask] > 0, spans.span_rate_hz[mask], spans.rate_hz)
-    interval = 1e9 / np.maximum(1, rates)
-    return np.maximum(1, np.rint((spans.end_ns[mask] - spans.start_ns[mask]) / interval)
-                      ).astype(np.int64)
 
 
 def _leaf_is_python(spans: PySpySpans, stack_id: int) -> bool:

@@ -202,6 +202,13 @@ def resume_if_stopped(pid: int) -> list[int]:
     return stopped
 
 
+SPAN_COLUMNS = ("tid", "start_ns", "end_ns", "stack", "rate_hz", "native")
+
+
+def empty_spans() -> dict[str, list[int]]:
+    return {column: [] for column in SPAN_COLUMNS}
+
+
 def normalise(events: list[dict], anchor_ns: int, rate_hz: int = 0, native: bool = True) -> dict:
     """B/E events → spans: (OS tid, start, end, stack) on the monotonic clock.
 
@@ -214,14 +221,7 @@ def normalise(events: list[dict], anchor_ns: int, rate_hz: int = 0, native: bool
     span_start: dict[int, int] = {}
     os_tid: dict[int, int] = {}
     names: dict[int, str] = {}
-    out: dict[str, list[int]] = {
-        "tid": [],
-        "start_ns": [],
-        "end_ns": [],
-        "stack": [],
-        "rate_hz": [],
-        "native": [],
-    }
+    out = empty_spans()
 
     def close(thread: int, ts: int) -> None:
         current = open_frames.get(thread)
@@ -267,14 +267,7 @@ def merge(parts: list[dict]) -> dict:
     """One frame and stack table for several segments, their spans renumbered into it."""
     frames: dict[tuple, int] = {}
     stacks: dict[tuple[int, ...], int] = {}
-    merged: dict[str, list[int]] = {
-        "tid": [],
-        "start_ns": [],
-        "end_ns": [],
-        "stack": [],
-        "rate_hz": [],
-        "native": [],
-    }
+    merged = empty_spans()
     threads: dict[str, str] = {}
     for part in parts:
         frame_map = [frames.setdefault(tuple(f), len(frames)) for f in part["frames"]]
@@ -282,8 +275,9 @@ def merge(parts: list[dict]) -> dict:
             stacks.setdefault(tuple(frame_map[i] for i in s), len(stacks)) for s in part["stacks"]
         ]
         threads.update(part["threads"])
-        for key in ("tid", "start_ns", "end_ns", "rate_hz", "native"):
-            merged[key] += part["spans"][key]
+        for key in SPAN_COLUMNS:
+            if key != "stack":
+                merged[key] += part["spans"][key]
         merged["stack"] += [stack_map[s] for s in part["spans"]["stack"]]
     return {
         "frames": [list(f) for f in frames],
