@@ -87,8 +87,10 @@ def analyse(bundle: Bundle) -> Report:
         ):
             if finding:
                 findings.append(finding)
-    if not any(p.pool.name == "openmp" for p in pool_reports):
-        # No pool seen at all (no native collector): judge by the pool the runtime is set to.
+    blind = bundle.perf is None and bundle.sched is None
+    if blind and not any(p.pool.name == "openmp" for p in pool_reports):
+        # No native collector ran, so a pool could not be seen: judge by the pool the runtime
+        # is set to. (With perf or eBPF, seeing no worker means the team is one thread.)
         configured = int(target.get("pool_threads") or 0)
         source = f"configured: {target.get('pool_threads_source', 'unknown')}"
         finding = oversubscription(configured, source, 0.0, quota) if \

@@ -219,18 +219,44 @@ def profile(pid: int, url: str, config: Config, bundle: Path) -> dict:
             "bundle": str(bundle)}
 
 
+def reanalyse(path: Path, config: Config) -> int:
+    """Findings come from the saved bundles: a newer analysis can be applied to old runs."""
+    data = json.loads(path.read_text())
+    for run in data["runs"]:
+        bundle = run.get("bundle")
+        if not bundle or not Path(bundle).exists():
+            continue
+        report = subprocess.run([sys.executable, "-m", "profkit", "report", bundle, "--format",
+                                 "json"], cwd=ROOT, capture_output=True, text=True)
+        findings = json.loads(report.stdout)["findings"] if report.returncode == 0 else []
+        run["top_finding"] = findings[0]["id"] if findings else None
+        run["findings"] = [{k: f[k] for k in ("id", "severity", "summary", "fix")}
+                           for f in findings]
+    data["summary"] = summarise(data["runs"], config.arms)
+    path.write_text(json.dumps(data, indent=2))
+    table = markdown(data["summary"], config)
+    path.with_suffix(".md").write_text(table)
+    print(table, end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=Path("experiment-results"))
     parser.add_argument("--table-from", type=Path,
                         help="only re-render the table of an earlier experiment.json")
+    parser.add_argument("--reanalyse", type=Path,
+                        help="re-run profkit report on the saved bundles of an experiment.json "
+                        "and rewrite its findings and table")
     args = parser.parse_args(argv)
     config = Config.load(args.config)
     if args.table_from:
         runs = json.loads(args.table_from.read_text())["runs"]
         print(markdown(summarise(runs, config.arms), config), end="")
         return 0
+    if args.reanalyse:
+        return reanalyse(args.reanalyse, config)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     for round_index, arm in plan(config.arms, config.repeats, config.seed):
