@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..budget import Budget
+from ..budget import Budget, default_rate
 from ..bundle import default_directory
 from ..capture import CaptureRequest, capture, parse_collectors, progress_printer
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
@@ -20,7 +20,7 @@ def run_capture(
     target: Target,
     duration: float,
     out: str | None,
-    rate: int,
+    rate: int | None,
     collectors: str | None,
     max_size_mb: float,
     perf_callgraph: str,
@@ -51,7 +51,7 @@ def run_capture(
         target=target,
         directory=Path(out) if out else default_directory(target.pid),
         duration_s=duration,
-        rate_hz=rate,
+        rate_hz=rate or default_rate(target.threads, stop_budget / 100, pyspy_mode),
         collectors=parsed,
         max_size_mb=max_size_mb,
         options={

@@ -30,9 +30,9 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "--rate",
             "-r",
             type=int,
-            default=10,
-            show_default=True,
-            help="py-spy sampling rate in Hz (--native pauses the target per sample).",
+            default=None,
+            help="py-spy sampling rate in Hz (default: 10, lower for large thread counts, so "
+            "that --native's pauses stay within --stop-budget).",
         ),
         click.option(
             "--pyspy-mode",
