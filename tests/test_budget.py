@@ -1,0 +1,50 @@
+"""The overhead budget's arithmetic, on synthetic /proc rows and an injected clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from profkit.budget import Budget, BudgetMonitor, default_rate
+
+S = 1_000_000_000
+RUNNING, TRACED = ord("R"), ord("t")
+
+
+def rows(at_s: float, threads: int, stopped: int) -> list[tuple[int, ...]]:
+    t = int(at_s * S)
+    return [(t, tid, 0, 0, -1, TRACED if tid < stopped else RUNNING, -1, -1, 0)
+            for tid in range(threads)]
+
+
+def test_default_rate_fits_the_stop_budget() -> None:
+    rates = [default_rate(threads, 0.02) for threads in (1, 9, 17, 33, 65, 129)]
+    assert rates == sorted(rates, reverse=True), "never faster for more threads"
+    assert rates[1] == 10 and default_rate(65, 0.02) == 1
+    assert default_rate(65, 0.02, "nonblocking") == 10
+    assert default_rate(33, 0.10) > default_rate(33, 0.02)
+
+
+def test_stopped_share_ignores_the_attach_pause_and_needs_enough_rows() -> None:
+    budget = Budget(stopped_share=0.02, window_s=3.0, settle_s=1.5)
+    monitor = BudgetMonitor(budget, started_ns=0)
+    seen: list[tuple[int, ...]] = []
+    # The first 1.5 s (py-spy attaching) are fully stopped and must not count.
+    for tick in range(10):
+        seen += rows(tick * 0.1, threads=10, stopped=10)
+    assert monitor.stopped_share(seen, int(1.0 * S)) is None
+    for tick in range(16, 26):
+        seen += rows(tick * 0.1, threads=10, stopped=1)
+    share = monitor.stopped_share(seen, int(2.6 * S))
+    assert share == pytest.approx(0.1)
+    assert not monitor.settled(int(2.6 * S)) and monitor.settled(int(3.0 * S))
+
+
+def test_a_change_restarts_the_judgement() -> None:
+    monitor = BudgetMonitor(Budget(), started_ns=0)
+    seen = [row for tick in range(20, 40) for row in rows(tick * 0.1, 10, 2)]
+    assert monitor.stopped_share(seen, int(4.0 * S)) == pytest.approx(0.2)
+    monitor.record(int(4.0 * S), "reduce-rate", "pyspy", "over budget")
+    later = seen + [row for tick in range(41, 50) for row in rows(tick * 0.1, 10, 0)]
+    # Everything until 1.5 s after the change is the new py-spy's attach: not judged.
+    assert monitor.stopped_share(later, int(5.0 * S)) is None
+    assert monitor.decisions[0].collector == "pyspy"
