@@ -51,7 +51,8 @@ def run_capture(
         target=target,
         directory=Path(out) if out else default_directory(target.pid),
         duration_s=duration,
-        rate_hz=rate or default_rate(target.threads, stop_budget / 100, pyspy_mode),
+        rate_hz=rate if rate is not None else default_rate(target.threads, stop_budget / 100,
+                                                            pyspy_mode),
         collectors=parsed,
         max_size_mb=max_size_mb,
         options={
