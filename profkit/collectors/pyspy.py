@@ -113,9 +113,6 @@ class PySpyCollector:
         self._start_segment(new_rate, new_native)
         return True
 
-    def child_pids(self) -> list[int]:
-        return [child.pid for child, _, _, _ in self._segments if child.alive()]
-
     def progress(self) -> int:
         return 0  # py-spy reports its samples only when it exits
 
