@@ -1,11 +1,18 @@
-"""What profiling costs the target: copies/s of the fan-out recipe, profiled ÷ bare.
+"""What profiling costs the target: its throughput while profiled ÷ its throughput bare.
 
-    .venv/bin/python benchmarks/overhead.py [--threads 8,64] [--repeats 3] [--seconds 6]
+    .venv/bin/python benchmarks/overhead.py [--targets fanout,serving] [--threads 8,64]
+        [--rounds 3] [--seconds 6] [--configs bare,profkit-default,...] [--json FILE]
 
-Runs alternate (one run of every configuration per round, rounds repeated) so that drift of a
-noisy machine falls on all configurations alike. Each ratio is the configuration's copies/s over
-the median bare copies/s of the same pool size, measured over the window the profiler was
-actually sampling; the table prints the median and the min-max spread of the repeats.
+Each target (the fan-out recipe's copies/s; the serving recipe's requests/s under a steady load)
+is started once per pool size and kept running. Its windows alternate: bare, one configuration,
+bare, the next configuration, ..., in a fresh shuffled order every round. A profiled window's
+ratio is its throughput over the mean of the two bare windows around it, so drift of a noisy
+machine and the differences between one process and the next (where its buffers landed) fall
+out. The table prints, per configuration, the median ratio and the min-max spread of the rounds,
+and the bare windows' own spread around their median, which is the noise floor of the run.
+
+Configurations: bare | pyspy-native-<N>hz (py-spy record --native --idle alone) |
+profkit-default[-nonblocking] | profkit-<collector>[+<collector>...][-<N>hz].
 """
 
 from __future__ import annotations
@@ -13,97 +20,143 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PYSPY = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+DEFAULT_CONFIGS = (
+    "profkit-default,profkit-default-nonblocking,pyspy-native-100hz,profkit-proc,"
+    "profkit-cgroup,profkit-perf_stat,profkit-perf_record,profkit-ebpf,profkit-pyspy"
+)
 
 
 @dataclass(frozen=True)
 class Config:
     name: str
-    kind: str  # "bare", "pyspy" (py-spy alone) or "profkit"
-    arg: str = ""  # py-spy rate, or profkit collectors ("" = default set)
-    rate: str = ""  # profkit's py-spy rate ("" = profkit's default)
+    kind: str  # "pyspy" (py-spy alone) or "profkit"
+    collectors: str = ""  # "" = profkit's default set
+    rate: str = ""  # py-spy rate ("" = profkit's default)
     mode: str = ""  # profkit's py-spy mode ("" = profkit's default)
 
 
-DEFAULT_CONFIGS = (
-    "bare,pyspy-native-100hz,pyspy-native-20hz,profkit-default,profkit-default-nonblocking,"
-    "profkit-proc,profkit-cgroup,profkit-perf_stat,profkit-perf_record,profkit-ebpf,"
-    "profkit-pyspy"
-)
-
-
 def parse_config(name: str) -> Config:
-    """bare | pyspy-native-<N>hz | profkit-default[-<N>hz] | profkit-<collector>[-<N>hz]."""
-    if name == "bare":
-        return Config(name, "bare")
     if name.startswith("pyspy-native-") and name.endswith("hz"):
-        return Config(name, "pyspy", name.removeprefix("pyspy-native-").removesuffix("hz"))
-    if name.startswith("profkit-"):
-        rest = name.removeprefix("profkit-")
-        mode = ""
-        if rest.endswith("-nonblocking"):
-            rest, mode = rest.removesuffix("-nonblocking"), "nonblocking"
-        rate = ""
-        if rest.endswith("hz") and "-" in rest:
-            rest, rate = rest.rsplit("-", 1)
-            rate = rate.removesuffix("hz")
-        return Config(name, "profkit", "" if rest == "default" else rest, rate, mode)
-    raise SystemExit(f"unknown configuration {name}")
+        return Config(name, "pyspy", rate=name.removeprefix("pyspy-native-").removesuffix("hz"))
+    if not name.startswith("profkit-"):
+        raise SystemExit(f"unknown configuration {name}")
+    rest, mode, rate = name.removeprefix("profkit-"), "", ""
+    if rest.endswith("-nonblocking"):
+        rest, mode = rest.removesuffix("-nonblocking"), "nonblocking"
+    if rest.endswith("hz") and "-" in rest:
+        rest, rate = rest.rsplit("-", 1)
+        rate = rate.removesuffix("hz")
+    collectors = "" if rest == "default" else rest.replace("+", ",")
+    return Config(name, "profkit", collectors, rate, mode)
 
 
-def progress(output: str) -> list[tuple[int, int]]:
-    return [
-        (int(line.split("t_ns=")[1]), int(line.split()[1].split("=")[1]))
-        for line in output.splitlines()
-        if line.startswith("progress")
-    ]
+@dataclass
+class Progress:
+    """A process printing `progress ... done=N t_ns=T` lines, read as they come."""
+
+    process: subprocess.Popen
+    marks: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("progress"):
+                fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
+                count = fields.get("copies", fields.get("done", "0"))
+                self.marks.append((int(fields["t_ns"]), int(count)))
+
+    def rate_between(self, start_ns: int, end_ns: int) -> float:
+        inside = [mark for mark in list(self.marks) if start_ns <= mark[0] <= end_ns]
+        if len(inside) < 2 or inside[-1][0] == inside[0][0]:
+            return float("nan")
+        (t0, c0), (t1, c1) = inside[0], inside[-1]
+        return (c1 - c0) / ((t1 - t0) / 1e9)
 
 
-def rate_between(marks: list[tuple[int, int]], start: int, end: int) -> float:
-    inside = [m for m in marks if start <= m[0] <= end]
-    if len(inside) < 2:
-        return float("nan")
-    (t0, c0), (t1, c1) = inside[0], inside[-1]
-    return (c1 - c0) / ((t1 - t0) / 1e9)
+def spawn(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=ROOT)
 
 
-def run_once(config: Config, threads: int, seconds: float, warmup: float) -> float:
-    recipe = subprocess.Popen(
+def start_fanout(threads: int) -> tuple[int, Progress, list[subprocess.Popen]]:
+    recipe = spawn(
         [
             sys.executable,
             "-u",
-            str(ROOT / "recipes/shm_fanout.py"),
+            "recipes/shm_fanout.py",
             "--copy",
             "torch",
             "--threads",
             str(threads),
             "--report-every",
             "0.05",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
+        ]
     )
     assert recipe.stdout is not None
     recipe.stdout.readline()
-    time.sleep(warmup)
-    window = (0, 0)
-    if config.kind == "bare":
-        start = time.monotonic_ns()
-        time.sleep(seconds)
-        window = (start, time.monotonic_ns())
-    elif config.kind == "pyspy":
-        with tempfile.TemporaryDirectory() as scratch:
+    return recipe.pid, Progress(recipe), [recipe]
+
+
+def start_serving(threads: int) -> tuple[int, Progress, list[subprocess.Popen]]:
+    port = 18000 + os.getpid() % 1000
+    front = spawn(
+        [
+            sys.executable,
+            "-u",
+            "-m",
+            "recipes.mm_serving.front",
+            "--port",
+            str(port),
+            "--threads",
+            str(threads),
+        ]
+    )
+    assert front.stdout is not None
+    front.stdout.readline()
+    load = spawn(
+        [
+            sys.executable,
+            "-u",
+            "-m",
+            "recipes.mm_serving.load",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--steady",
+            "--concurrency",
+            "4",
+            "--image-size",
+            "256",
+        ]
+    )
+    return front.pid, Progress(load), [load, front]
+
+
+TARGETS: dict[str, Callable[[int], tuple[int, Progress, list[subprocess.Popen]]]] = {
+    "fanout": start_fanout,
+    "serving": start_serving,
+}
+
+
+def profile(config: Config, pid: int, seconds: float) -> tuple[int, int]:
+    """Profile pid for about `seconds`; the window the profiler was sampling."""
+    with tempfile.TemporaryDirectory() as scratch:
+        if config.kind == "pyspy":
             start = time.monotonic_ns()
             subprocess.run(
                 [
@@ -112,87 +165,144 @@ def run_once(config: Config, threads: int, seconds: float, warmup: float) -> flo
                     "--native",
                     "--idle",
                     "--rate",
-                    config.arg,
+                    config.rate,
                     "--duration",
-                    str(int(seconds)),
+                    str(max(1, round(seconds))),
                     "--format",
                     "raw",
                     "--output",
                     f"{scratch}/out.txt",
                     "--pid",
-                    str(recipe.pid),
+                    str(pid),
                 ],
                 capture_output=True,
                 check=False,
             )
             # py-spy attaches for a moment before it samples; skip its first half second.
-            window = (start + 500_000_000, time.monotonic_ns())
-    else:
-        with tempfile.TemporaryDirectory() as scratch:
-            args = [
-                sys.executable,
-                "-m",
-                "profkit",
-                "attach",
-                "--pid",
-                str(recipe.pid),
-                "--duration",
-                str(seconds),
-                "--out",
-                f"{scratch}/b",
-                "--no-report",
-            ]
-            if config.arg:
-                args += ["--collectors", config.arg]
-            if config.rate:
-                args += ["--rate", config.rate]
-            if config.mode:
-                args += ["--pyspy-mode", config.mode]
-            subprocess.run(args, capture_output=True, check=False, cwd=ROOT)
-            manifest = json.loads(Path(f"{scratch}/b/manifest.json").read_text())
-            window = (manifest["window"]["start_ns"], manifest["window"]["end_ns"])
-    recipe.send_signal(2)
-    output = recipe.communicate(timeout=60)[0]
-    return rate_between(progress(output), *window)
+            return start + 500_000_000, time.monotonic_ns()
+        args = [
+            sys.executable,
+            "-m",
+            "profkit",
+            "attach",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(seconds),
+            "--out",
+            f"{scratch}/b",
+            "--no-report",
+        ]
+        args += ["--collectors", config.collectors] if config.collectors else []
+        args += ["--rate", config.rate] if config.rate else []
+        args += ["--pyspy-mode", config.mode] if config.mode else []
+        subprocess.run(args, capture_output=True, check=False, cwd=ROOT)
+        window = json.loads(Path(f"{scratch}/b/manifest.json").read_text())["window"]
+        return window["start_ns"], window["end_ns"]
+
+
+def bare_window(seconds: float) -> tuple[int, int]:
+    start = time.monotonic_ns()
+    time.sleep(seconds)
+    return start, time.monotonic_ns()
+
+
+def measure(
+    target: str,
+    threads: int,
+    configs: list[Config],
+    rounds: int,
+    seconds: float,
+    warmup: float,
+    log: Callable[[str], None],
+) -> dict[str, list[float]]:
+    """Ratios per configuration, and the bare windows' rates under "bare"."""
+    pid, progress, processes = TARGETS[target](threads)
+    try:
+        time.sleep(warmup)
+        shuffled = random.Random(threads)
+        windows: list[tuple[str, tuple[int, int]]] = [("bare", bare_window(seconds))]
+        for _ in range(rounds):
+            for config in shuffled.sample(configs, len(configs)):
+                windows.append((config.name, profile(config, pid, seconds)))
+                time.sleep(0.5)  # let the pool settle after the profiler leaves
+                windows.append(("bare", bare_window(seconds)))
+        time.sleep(0.2)
+        rates = [(name, progress.rate_between(*window)) for name, window in windows]
+    finally:
+        for process in processes:
+            process.send_signal(2)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    results: dict[str, list[float]] = {"bare": [rate for name, rate in rates if name == "bare"]}
+    for index, (name, rate) in enumerate(rates):
+        if name != "bare":
+            around = (rates[index - 1][1] + rates[index + 1][1]) / 2
+            results.setdefault(name, []).append(rate / around)
+            log(
+                f"# {target} threads {threads} {name}: {rate:.2f}/s, bare around "
+                f"{around:.2f}/s, ratio {rate / around:.3f}"
+            )
+    return results
+
+
+def table(results: dict[tuple[str, int], dict[str, list[float]]]) -> list[str]:
+    lines = [f"{'target':<8} {'threads':>7}  {'configuration':<28} {'ratio':>6}  spread"]
+    for (target, threads), by_config in results.items():
+        bare = by_config["bare"]
+        middle = statistics.median(bare)
+        lines.append(
+            f"{target:<8} {threads:>7}  {'bare (noise floor)':<28} {1.0:>6.3f}  "
+            f"{min(bare) / middle:.3f}-{max(bare) / middle:.3f}"
+            f"  ({middle:.1f}/s)"
+        )
+        for name, ratios in by_config.items():
+            if name != "bare":
+                lines.append(
+                    f"{target:<8} {threads:>7}  {name:<28} "
+                    f"{statistics.median(ratios):>6.3f}  "
+                    f"{min(ratios):.3f}-{max(ratios):.3f}"
+                )
+    return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", default="fanout,serving")
     parser.add_argument("--threads", default="8,64")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--warmup", type=float, default=1.5)
+    parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--configs", default=DEFAULT_CONFIGS)
-    parser.add_argument("--json", help="also write the raw rates here")
+    parser.add_argument("--json", help="also write the raw ratios here")
     args = parser.parse_args()
-    configs = [parse_config(name) for name in args.configs.split(",")]
-    if configs[0].kind != "bare":
-        configs.insert(0, parse_config("bare"))
-    pools = [int(t) for t in args.threads.split(",")]
-    rates: dict[tuple[int, str], list[float]] = {}
-    print(f"# {os.cpu_count()} CPUs, {args.repeats} rounds, {args.seconds:g} s windows", flush=True)
-    for round_index in range(args.repeats):
-        for threads in pools:
-            for config in configs:
-                rate = run_once(config, threads, args.seconds, args.warmup)
-                rates.setdefault((threads, config.name), []).append(rate)
-                print(
-                    f"# round {round_index + 1} threads {threads} {config.name}: "
-                    f"{rate:.1f} copies/s",
-                    flush=True,
-                )
-    print(f"\n{'threads':>7}  {'configuration':<22} {'copies/s':>9}  {'ratio':>6}  spread")
-    for threads in pools:
-        bare = statistics.median(rates[(threads, "bare")])
-        for config in configs:
-            values = rates[(threads, config.name)]
-            ratios = [v / bare for v in values]
-            print(
-                f"{threads:>7}  {config.name:<22} {statistics.median(values):>9.1f}  "
-                f"{statistics.median(ratios):>6.3f}  {min(ratios):.3f}-{max(ratios):.3f}"
+    configs = [parse_config(name) for name in args.configs.split(",") if name != "bare"]
+    for target in args.targets.split(","):
+        if target not in TARGETS:
+            raise SystemExit(f"unknown target {target}")
+    print(f"# {os.cpu_count()} CPUs, {args.rounds} rounds, {args.seconds:g} s windows", flush=True)
+    results: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for target in args.targets.split(","):
+        for threads in (int(t) for t in args.threads.split(",")):
+            results[(target, threads)] = measure(
+                target,
+                threads,
+                configs,
+                args.rounds,
+                args.seconds,
+                args.warmup,
+                lambda line: print(line, flush=True),
             )
+    print()
+    print("\n".join(table(results)))
     if args.json:
-        Path(args.json).write_text(json.dumps({f"{t}:{n}": v for (t, n), v in rates.items()}))
+        Path(args.json).write_text(
+            json.dumps(
+                {f"{target}:{threads}": value for (target, threads), value in results.items()}
+            )
+        )
     return 0
 
 

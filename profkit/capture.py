@@ -322,11 +322,10 @@ def _enforce_budget(
     ):
         why = (
             f"target stopped {100 * share:.1f}% of the time by py-spy, over the "
-            f"{100 * monitor.budget.stopped_share:.0f}% budget"
+            f"{100 * monitor.budget.stopped_share:g}% budget"
         )
-        still = pyspy.reduce_rate(why, now)  # type: ignore[attr-defined]
-        # Judged from when the new py-spy runs: its attach pause is not the new rate's cost.
-        monitor.record(clock(), "reduce-rate" if still else "drop", "pyspy", why)
+        still = pyspy.back_off(why, now)  # type: ignore[attr-defined]
+        monitor.record(clock(), "nonblocking" if still else "drop", "pyspy", why)
         if not still:
             dropped["pyspy"] = why
         return

@@ -240,3 +240,38 @@ def test_no_shell_sees_the_target_command_line(tmp_path: Path) -> None:
     finally:
         target.kill()
         target.wait()
+
+
+def test_over_the_stop_budget_pyspy_goes_nonblocking(start_recipe, tmp_path: Path) -> None:
+    # 50 Hz --native on 8 threads holds the target stopped far more than 0.1% of the time.
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    out = tmp_path / "b"
+    result = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "6", "--out",
+                         str(out), "--no-report", "--collectors", "proc,pyspy", "--rate", "50",
+                         "--stop-budget", "0.1", timeout=120)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    decisions = manifest["budget_decisions"]
+    assert decisions and decisions[0]["action"] == "nonblocking", decisions
+    assert "stopped" in decisions[0]["reason"] and "0.1% budget" in decisions[0]["reason"]
+    notes = manifest["collectors"]["pyspy"]["notes"]
+    assert notes["native"] == [True, False]
+    assert notes["rate_changes"][0]["native"] is False
+    assert "T" not in states(recipe.pid) and "t" not in states(recipe.pid)
+    assert run_profkit("report", str(out)).returncode == 0
+
+
+def test_over_the_cpu_budget_a_collector_is_dropped(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "4")
+    out = tmp_path / "b"
+    result = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "5", "--out",
+                         str(out), "--no-report", "--collectors", "proc,cgroup,pyspy",
+                         "--cpu-budget", "0.0001", timeout=120)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    dropped = [d for d in manifest["budget_decisions"] if d["action"] == "drop"]
+    assert dropped, manifest["budget_decisions"]
+    assert "core budget" in dropped[0]["reason"]
+    record = manifest["collectors"][dropped[0]["collector"]]
+    assert record["status"] == "partial" and "core budget" in record["reason"]
+    assert manifest["collectors"]["proc"]["status"] == "ok"  # the ground truth is never dropped

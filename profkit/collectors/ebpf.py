@@ -16,6 +16,7 @@ from importlib import resources
 
 from .. import procfs
 from ..bccload import BccUnavailable, load_bcc
+from ..returns import return_sites
 from ..target import Runtime, Target
 from .base import Availability, CaptureContext, CollectorResult
 
@@ -125,21 +126,34 @@ class EbpfCollector:
 
     def _attach_openmp(self, bcc: object, program: OpenMPProgram, pid: int) -> None:
         symbol, handler = program.entry
+        path = program.runtime.path
         bpf = bcc.BPF(text=program.source())  # type: ignore[attr-defined]
         self._bpf.append(bpf)
+        returns = return_sites(path, symbol)
         try:
-            bpf.attach_uprobe(name=program.runtime.path, sym=symbol, fn_name=handler, pid=pid)
-            bpf.attach_uretprobe(
-                name=program.runtime.path, sym=symbol, fn_name="on_region_return", pid=pid
-            )
+            bpf.attach_uprobe(name=path, sym=symbol, fn_name=handler, pid=pid)
+            if returns:
+                # A uprobe on each `ret` rather than a uretprobe: see profkit/returns.py.
+                for address in returns:
+                    bpf.attach_uprobe(name=path, addr=address, fn_name="on_region_return",
+                                      pid=pid)
+            else:
+                bpf.attach_uretprobe(name=path, sym=symbol, fn_name="on_region_return", pid=pid)
+                self.warnings.append(
+                    f"the returns of {symbol} could not be found (objdump/readelf missing or "
+                    "an indirect jump): region ends come from a uretprobe, which makes "
+                    "py-spy --native's pauses longer"
+                )
         except Exception as exc:  # a stripped or unusual runtime: the rest still works
-            self.warnings.append(f"uprobe on {symbol} in {program.runtime.path} failed: {exc}")
+            self.warnings.append(f"uprobe on {symbol} in {path} failed: {exc}")
             return
         bpf["regions"].open_perf_buffer(self._on_region, page_cnt=64, lost_cb=self._lost("regions"))
-        self.attached += [
-            f"uprobe:{program.runtime.path}:{symbol}",
-            f"uretprobe:{program.runtime.path}:{symbol}",
-        ]
+        self.attached.append(f"uprobe:{path}:{symbol}")
+        if returns:
+            self.attached += [f"uprobe:{path}:{address:#x} (return of {symbol})"
+                              for address in returns]
+        else:
+            self.attached.append(f"uretprobe:{path}:{symbol}")
 
     def _seed_threads(self, bpf: object, pid: int) -> None:
         times = bpf["times"]  # type: ignore[index]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ class PeriodicSampler:
         self, name: str, interval_s: float, sample: Callable[[int], bool], clock: Clock
     ) -> None:
         self._interval_ns = int(interval_s * NS_PER_S)
+        self._jitter = random.Random()
         self._sample = sample  # returns False when there is nothing left to sample
         self._clock = clock
         self._stop = threading.Event()
@@ -29,6 +31,9 @@ class PeriodicSampler:
 
     def _run(self) -> None:
         # Deadlines advance by the interval so that a slow sample does not drift the series.
+        # Each sample lands at a random point of the middle half of its interval: a fixed
+        # phase would lock onto py-spy's period, and the share of samples that find the target
+        # stopped (the stop budget's signal) would then be biased by the phase, not the pauses.
         deadline = self._clock()
         try:
             while not self._stop.is_set():
@@ -36,7 +41,8 @@ class PeriodicSampler:
                     self.exhausted = True
                     return
                 deadline += self._interval_ns
-                wait = (deadline - self._clock()) / NS_PER_S
+                offset = int(self._interval_ns * self._jitter.uniform(-0.25, 0.25))
+                wait = (deadline + offset - self._clock()) / NS_PER_S
                 if wait > 0:
                     self._stop.wait(wait)
                 else:

@@ -20,6 +20,9 @@ COLUMNS = ("t_ns", "tid", "utime", "stime", "runtime_ns", "state", "vcsw", "nvcs
 # Every sample reads each thread's stat; the context-switch counts (status) every 5th sample and
 # schedstat only where the kernel keeps it: each file read is CPU the target does not get.
 SWITCHES_EVERY = 5
+# Above 40 threads the interval stretches so that profkit reads at most ~400 thread files a
+# second: a 128-thread pool is sampled every 0.32 s, still finer than the timeline needs.
+THREAD_READS_PER_S = 400
 
 
 def read_switches(base: Path) -> tuple[int, int]:
@@ -33,17 +36,11 @@ def read_switches(base: Path) -> tuple[int, int]:
     return vcsw, nvcsw
 
 
-def read_runtime(base: Path) -> int:
-    try:
-        return int((base / "schedstat").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return -1
-
-
 class ProcCollector:
     name = "proc"
 
     def __init__(self, interval_s: float = 0.1) -> None:
+        self.min_interval_s = interval_s
         self.interval_s = interval_s
         self.rows: list[tuple[int, ...]] = []
         self.process_rows: list[tuple[int, int, int]] = []
@@ -53,7 +50,7 @@ class ProcCollector:
         self._first_ns: int | None = None
         self._last_ns: int | None = None
         self._schedstat = True
-        self._fds: dict[int, int] = {}
+        self._fds: dict[tuple[int, str], int] = {}
 
     def available(self, target: Target) -> Availability:
         if os.access(procfs.task_dir(target.pid) / "task", os.R_OK):
@@ -62,6 +59,7 @@ class ProcCollector:
 
     def start(self, context: CaptureContext) -> None:
         self._context = context
+        self.interval_s = max(self.min_interval_s, context.target.threads / THREAD_READS_PER_S)
         self._sampler = PeriodicSampler(self.name, self.interval_s, self._sample, context.clock)
         self._sampler.start()
 
@@ -78,8 +76,8 @@ class ProcCollector:
         for tid in tids:
             base = procfs.task_dir(pid, tid)
             try:
-                stat = self._stat(pid, tid)
-                runtime_ns = read_runtime(base) if self._schedstat else -1
+                stat = procfs.parse_stat(self._read(pid, tid, "stat"))
+                runtime_ns = self._runtime(pid, tid) if self._schedstat else -1
                 vcsw, nvcsw = read_switches(base) if read_switches_now else (-1, -1)
             except (FileNotFoundError, ProcessLookupError):
                 continue  # the thread exited between listing and reading
@@ -103,18 +101,29 @@ class ProcCollector:
         self._last_ns = now_ns
         return True
 
-    def _stat(self, pid: int, tid: int) -> procfs.TaskStat:
-        """A thread's stat through a file kept open: re-reading an open /proc file gives fresh
-        values, and skipping an open and a close per thread per sample is CPU the target keeps."""
-        fd = self._fds.get(tid)
+    def _read(self, pid: int, tid: int, name: str) -> str:
+        """A thread's /proc file through a descriptor kept open: re-reading an open /proc file
+        gives fresh values, and skipping an open and a close per thread per sample is CPU the
+        target keeps."""
+        fd = self._fds.get((tid, name))
         if fd is None:
-            fd = os.open(procfs.task_dir(pid, tid) / "stat", os.O_RDONLY)
-            self._fds[tid] = fd
+            fd = os.open(procfs.task_dir(pid, tid) / name, os.O_RDONLY)
+            self._fds[(tid, name)] = fd
         try:
-            return procfs.parse_stat(os.pread(fd, 4096, 0).decode(errors="replace"))
-        except (OSError, ValueError, IndexError) as exc:
-            os.close(self._fds.pop(tid))
+            text = os.pread(fd, 4096, 0).decode(errors="replace")
+        except OSError as exc:
+            os.close(self._fds.pop((tid, name)))
             raise FileNotFoundError(f"thread {tid} is gone") from exc
+        if not text:
+            os.close(self._fds.pop((tid, name)))
+            raise FileNotFoundError(f"thread {tid} is gone")
+        return text
+
+    def _runtime(self, pid: int, tid: int) -> int:
+        try:
+            return int(self._read(pid, tid, "schedstat").split()[0])
+        except (ValueError, IndexError):
+            return -1
 
     def _close_files(self) -> None:
         for fd in self._fds.values():

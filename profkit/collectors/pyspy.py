@@ -1,10 +1,10 @@
 """py-spy: Python stacks (with native frames) of every Python thread, on the bundle clock.
 
-`record --native` ptrace-stops every thread of the target for each sample, so the rate is kept
-low by default and lowered further while capturing if the target spends too long stopped
-(docs/collectors.md has the measured cost). py-spy's chrometrace output is the one format that
-keeps time; `--threads` puts each thread's OS tid in a root frame. A rate change restarts py-spy
-into a new segment; segments are merged, each span carrying its own rate.
+`record --native` ptrace-stops every thread of the target for each sample, so the rate is
+kept low by default, and py-spy goes --nonblocking while capturing if the target spends too
+long stopped (docs/collectors.md has the measured cost). py-spy's chrometrace output is the
+one format that keeps time; `--threads` puts each thread's OS tid in a root frame. A mode change
+restarts py-spy into a new segment; segments are merged, each span carrying its own rate.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from .child import ChildTool
 THREAD_FRAME = re.compile(r"^thread \((\d+)\)(?::\s*(.*))?$")
 RAW_FILE = "pyspy.chrometrace.json"
 NORMALISED_FILE = "pyspy.json"
-MIN_NATIVE_RATE_HZ = 2
 
 
 class PySpyCollector:
@@ -91,9 +90,12 @@ class PySpyCollector:
     def native(self) -> bool:
         return bool(self._segments) and self._segments[-1][3]
 
-    def reduce_rate(self, reason: str, now_ns: int) -> bool:
-        """Halve the --native rate (restarting py-spy); below 2 Hz, sample --nonblocking instead,
-        which never stops the target but sees no native frames. False once nothing is left."""
+    def back_off(self, reason: str, now_ns: int) -> bool:
+        """Over the stop budget: from --native go --nonblocking at the same rate, which never
+        stops the target but sees no native frames; from --nonblocking, stop. A lower --native
+        rate is not an option: a --native attach holds the main thread stopped ~0.3 s while
+        py-spy reads libtorch's symbols (measured on 2 cores), more than the rate would save.
+        False once nothing is left."""
         if self.dropped or not self._segments:
             return False
         child, rate, _, native = self._segments[-1]
@@ -103,14 +105,10 @@ class PySpyCollector:
             self.dropped = reason
             self.rate_changes.append({"t_ns": now_ns, "from": rate, "to": 0, "reason": reason})
             return False
-        if rate // 2 >= MIN_NATIVE_RATE_HZ:
-            new_rate, new_native = rate // 2, True
-        else:
-            new_rate, new_native = self._context.rate_hz, False  # type: ignore[union-attr]
         self.rate_changes.append(
-            {"t_ns": now_ns, "from": rate, "to": new_rate, "native": new_native, "reason": reason}
+            {"t_ns": now_ns, "from": rate, "to": rate, "native": False, "reason": reason}
         )
-        self._start_segment(new_rate, new_native)
+        self._start_segment(rate, native=False)
         return True
 
     def progress(self) -> int:

@@ -26,6 +26,7 @@ def run_capture(
     perf_callgraph: str,
     perf_rate: int,
     no_report: bool,
+    perf_scope: str = "cpu",
     stop_budget: float = 2.0,
     cpu_budget: float = 0.5,
     pyspy_mode: str = "native",
@@ -58,6 +59,7 @@ def run_capture(
         options={
             "perf_callgraph": perf_callgraph,
             "perf_rate": str(perf_rate),
+            "perf_scope": perf_scope,
             "pyspy_mode": pyspy_mode,
         },
         budget=Budget(stopped_share=stop_budget / 100, tool_cores=cpu_budget),

@@ -84,6 +84,15 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             show_default=True,
             help="perf cpu-clock sampling rate in Hz.",
         ),
+        click.option(
+            "--perf-scope",
+            type=click.Choice(["cpu", "thread"]),
+            default="cpu",
+            show_default=True,
+            help="cpu: one sampling event per CPU, kept to the target's samples when converted "
+            "(cheap for pools that switch often; perf.data is not kept); thread: one event per "
+            "target thread (perf.data kept, but every context switch pays for it).",
+        ),
         click.option("--no-report", is_flag=True, help="Only capture; print no verdict."),
     ]
     for decorator in reversed(decorators):

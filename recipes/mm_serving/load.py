@@ -1,12 +1,16 @@
 """Load generator: fixed concurrency, seeded images, latency, throughput and CPU of both sides.
 
     python -m recipes.mm_serving.load --url http://127.0.0.1:8000 --concurrency 16 --requests 320
+
+With --steady it runs until interrupted and prints `progress done=N t_ns=T` (CLOCK_MONOTONIC)
+every 50 ms, so that a benchmark can read the requests/s of any window.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -109,6 +113,29 @@ async def run_load(url: str, concurrency: int, requests: int, seed: int, image_s
     return result, answers
 
 
+async def run_steady(url: str, concurrency: int, seed: int, image_size: int) -> None:
+    images = [make_image(seed + i, image_size, image_size) for i in range(16)]
+    done = 0
+
+    async def worker(offset: int) -> None:
+        nonlocal done
+        index = offset
+        while True:
+            index = (index + 1) % len(images)
+            async with session.post(f"{url}/generate", data=images[index]) as response:
+                await response.read()
+                if response.status == 200:
+                    done += 1
+
+    async def report() -> None:
+        while True:
+            print(f"progress done={done} t_ns={time.monotonic_ns()}", flush=True)
+            await asyncio.sleep(0.05)
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(report(), *(worker(i) for i in range(concurrency)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
@@ -116,7 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--image-size", type=int, default=512)
+    parser.add_argument("--steady", action="store_true",
+                        help="load until interrupted at the first --concurrency; print progress")
     args = parser.parse_args(argv)
+    if args.steady:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run_steady(args.url, args.concurrency[0], args.seed, args.image_size))
+        return 0
     results = []
     for concurrency in args.concurrency:
         result, _ = asyncio.run(run_load(args.url, concurrency, args.requests, args.seed,

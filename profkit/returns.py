@@ -1,0 +1,102 @@
+"""Where a function returns: the `ret` instructions reached from its entry, tail calls followed.
+
+A uretprobe rewrites the return address on the thread's stack to a trampoline. py-spy --native
+unwinds the main thread through that address while it is inside GOMP_parallel, and each of its
+samples then holds the target stopped longer: measured on 2 cores (fan-out recipe, 8 threads),
+py-spy with the uretprobe cost 7% of copies/s, without it 0-1%. A plain uprobe on each `ret`
+marks the same moment without touching the stack.
+
+libgomp's GOMP_parallel ends in `jmp GOMP_parallel_end`, which itself may `jmp` into a static
+gomp_team_end, so returns are collected across tail jumps; function extents come from the
+.eh_frame FDEs, which cover static functions that have no symbol. Any jump that cannot be
+followed (indirect, or to code without an FDE) makes the answer None: the caller then falls back
+to a uretprobe rather than miss a return.
+"""
+
+from __future__ import annotations
+
+import re
+
+import sh
+
+FDE_RANGE = re.compile(r"pc=([0-9a-f]+)\.\.([0-9a-f]+)")
+INSTRUCTION = re.compile(r"^\s*([0-9a-f]+):\s+(.*)$")
+DIRECT_JUMP = re.compile(r"^(?:bnd\s+)?j[a-z]+\s+([0-9a-f]+)\b")
+MAX_FUNCTIONS = 8
+
+
+def function_extents(path: str) -> list[tuple[int, int]]:
+    text = str(sh.Command("readelf")("--debug-dump=frames", path, _err="/dev/null"))
+    return sorted((int(a, 16), int(b, 16)) for a, b in FDE_RANGE.findall(text))
+
+
+def symbol_address(path: str, symbol: str) -> int | None:
+    text = str(sh.Command("readelf")("-Ws", "--dyn-syms", path, _err="/dev/null"))
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 8 and fields[3] == "FUNC" and fields[7].split("@")[0] == symbol:
+            return int(fields[1], 16)
+    return None
+
+
+def extent_of(address: int, extents: list[tuple[int, int]]) -> tuple[int, int] | None:
+    for start, end in extents:
+        if start <= address < end:
+            return start, end
+    return None
+
+
+def disassemble(path: str, start: int, end: int) -> list[tuple[int, str]]:
+    text = str(
+        sh.Command("objdump")(
+            "-d",
+            "--no-show-raw-insn",
+            f"--start-address={start:#x}",
+            f"--stop-address={end:#x}",
+            path,
+            _err="/dev/null",
+        )
+    )
+    found = []
+    for line in text.splitlines():
+        match = INSTRUCTION.match(line)
+        if match:
+            found.append((int(match.group(1), 16), match.group(2).strip()))
+    return found
+
+
+def return_sites(path: str, symbol: str) -> list[int] | None:
+    """Virtual addresses of every `ret` reached from `symbol`; None when unsure."""
+    try:
+        entry = symbol_address(path, symbol)
+        extents = function_extents(path)
+    except (sh.ErrorReturnCode, sh.CommandNotFound, OSError):
+        return None
+    if entry is None:
+        return None
+    pending, seen, returns = [entry], set(), []
+    while pending:
+        extent = extent_of(pending.pop(), extents)
+        if extent is None:
+            return None
+        if extent in seen:
+            continue
+        seen.add(extent)
+        if len(seen) > MAX_FUNCTIONS:
+            return None
+        try:
+            code = disassemble(path, *extent)
+        except (sh.ErrorReturnCode, sh.CommandNotFound, OSError):
+            return None
+        for address, instruction in code:
+            mnemonic = instruction.split()[0] if instruction else ""
+            if mnemonic in ("ret", "retq") or instruction.startswith(("rep ret", "repz ret")):
+                returns.append(address)
+            elif mnemonic.startswith("j"):
+                jump = DIRECT_JUMP.match(instruction)
+                if jump is None:
+                    return None  # an indirect jump: it may leave the function
+                target = int(jump.group(1), 16)
+                if not extent[0] <= target < extent[1]:
+                    pending.append(target)
+    return sorted(returns) or None

@@ -1,0 +1,82 @@
+"""The overhead benchmark's output: its structure on a real (short) run, never its timings."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT, needs_root
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import overhead
+
+
+def test_configuration_names_parse_into_what_they_run() -> None:
+    assert overhead.parse_config("pyspy-native-100hz") == overhead.Config(
+        "pyspy-native-100hz", "pyspy", rate="100"
+    )
+    default = overhead.parse_config("profkit-default-nonblocking")
+    assert (default.kind, default.collectors, default.mode) == ("profkit", "", "nonblocking")
+    ebpf = overhead.parse_config("profkit-ebpf-20hz")
+    assert (ebpf.collectors, ebpf.rate) == ("ebpf", "20")
+    with pytest.raises(SystemExit):
+        overhead.parse_config("perf-everything")
+
+
+def test_table_rows_are_ratios_to_the_bare_windows() -> None:
+    ratios = {"bare": [10.0, 12.0, 11.0], "profkit-proc": [0.9, 1.0]}
+    lines = overhead.table({("fanout", 8): ratios})
+    assert lines[0].split() == ["target", "threads", "configuration", "ratio", "spread"]
+    assert lines[1].split()[:6] == ["fanout", "8", "bare", "(noise", "floor)", "1.000"]
+    assert "0.909-1.091" in lines[1] and "(11.0/s)" in lines[1]
+    assert lines[2].split() == ["fanout", "8", "profkit-proc", "0.950", "0.900-1.000"]
+
+
+@needs_root()
+@pytest.mark.timeout(240)
+def test_a_short_run_prints_one_row_per_configuration_and_pool(tmp_path) -> None:
+    raw = tmp_path / "ratios.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/overhead.py",
+            "--targets",
+            "fanout",
+            "--threads",
+            "2,4",
+            "--rounds",
+            "2",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0.5",
+            "--configs",
+            "profkit-proc,pyspy-native-20hz",
+            "--json",
+            str(raw),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=True,
+    )
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("fanout ")]
+    assert [(row[1], row[2]) for row in rows] == [
+        (threads, name)
+        for threads in ("2", "4")
+        for name in ("bare", "profkit-proc", "pyspy-native-20hz")
+    ]
+    ratios = json.loads(raw.read_text())
+    assert sorted(ratios) == ["fanout:2", "fanout:4"]
+    for by_config in ratios.values():
+        # Every round ran every configuration once, between two bare windows.
+        assert len(by_config["profkit-proc"]) == len(by_config["pyspy-native-20hz"]) == 2
+        assert len(by_config["bare"]) == 5
+        assert all(
+            math.isfinite(value) and value > 0 for values in by_config.values() for value in values
+        )
