@@ -153,8 +153,19 @@ TARGETS: dict[str, Callable[[int], tuple[int, Progress, list[subprocess.Popen]]]
 }
 
 
-def profile(config: Config, pid: int, seconds: float) -> tuple[int, int]:
-    """Profile pid for about `seconds`; the window the profiler was sampling."""
+def profkit_notes(manifest: dict) -> str:
+    """What profkit chose and changed during the window: py-spy's rate and mode, its budget."""
+    notes = []
+    pyspy = manifest["collectors"].get("pyspy", {})
+    if pyspy.get("status") in ("ok", "partial"):
+        modes = ["native" if native else "nonblocking" for native in pyspy["notes"]["native"]]
+        notes.append(f"py-spy {pyspy['notes']['rate_hz']} Hz {'+'.join(modes)}")
+    notes += [f"{d['action']} {d['collector']}" for d in manifest["budget_decisions"]]
+    return ", ".join(notes)
+
+
+def profile(config: Config, pid: int, seconds: float) -> tuple[int, int, str]:
+    """Profile pid for about `seconds`; the window the profiler was sampling, and its notes."""
     with tempfile.TemporaryDirectory() as scratch:
         if config.kind == "pyspy":
             start = time.monotonic_ns()
@@ -179,7 +190,7 @@ def profile(config: Config, pid: int, seconds: float) -> tuple[int, int]:
                 check=False,
             )
             # py-spy attaches for a moment before it samples; skip its first half second.
-            return start + 500_000_000, time.monotonic_ns()
+            return start + 500_000_000, time.monotonic_ns(), ""
         args = [
             sys.executable,
             "-m",
@@ -197,8 +208,9 @@ def profile(config: Config, pid: int, seconds: float) -> tuple[int, int]:
         args += ["--rate", config.rate] if config.rate else []
         args += ["--pyspy-mode", config.mode] if config.mode else []
         subprocess.run(args, capture_output=True, check=False, cwd=ROOT)
-        window = json.loads(Path(f"{scratch}/b/manifest.json").read_text())["window"]
-        return window["start_ns"], window["end_ns"]
+        manifest = json.loads(Path(f"{scratch}/b/manifest.json").read_text())
+        window = manifest["window"]
+        return window["start_ns"], window["end_ns"], profkit_notes(manifest)
 
 
 def bare_window(seconds: float) -> tuple[int, int]:
@@ -221,14 +233,16 @@ def measure(
     try:
         time.sleep(warmup)
         shuffled = random.Random(threads)
-        windows: list[tuple[str, tuple[int, int]]] = [("bare", bare_window(seconds))]
+        windows: list[tuple[str, int, int, str]] = [("bare", *bare_window(seconds), "")]
         for _ in range(rounds):
             for config in shuffled.sample(configs, len(configs)):
-                windows.append((config.name, profile(config, pid, seconds)))
+                windows.append((config.name, *profile(config, pid, seconds)))
                 time.sleep(0.5)  # let the pool settle after the profiler leaves
-                windows.append(("bare", bare_window(seconds)))
+                windows.append(("bare", *bare_window(seconds), ""))
         time.sleep(0.2)
-        rates = [(name, progress.rate_between(*window)) for name, window in windows]
+        rates = [
+            (name, progress.rate_between(start, end), notes) for name, start, end, notes in windows
+        ]
     finally:
         for process in processes:
             process.send_signal(2)
@@ -236,14 +250,14 @@ def measure(
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-    results: dict[str, list[float]] = {"bare": [rate for name, rate in rates if name == "bare"]}
-    for index, (name, rate) in enumerate(rates):
+    results: dict[str, list[float]] = {"bare": [rate for name, rate, _ in rates if name == "bare"]}
+    for index, (name, rate, notes) in enumerate(rates):
         if name != "bare":
             around = (rates[index - 1][1] + rates[index + 1][1]) / 2
             results.setdefault(name, []).append(rate / around)
             log(
                 f"# {target} threads {threads} {name}: {rate:.2f}/s, bare around "
-                f"{around:.2f}/s, ratio {rate / around:.3f}"
+                f"{around:.2f}/s, ratio {rate / around:.3f}" + (f" ({notes})" if notes else "")
             )
     return results
 

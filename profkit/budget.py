@@ -17,18 +17,40 @@ from . import procfs
 TRACED_STATES = (ord("t"), ord("T"))
 
 
-# py-spy --native stops every thread for each sample; measured on 2 cores, a sample held the
-# target about 1.4 ms with 9 threads and 12 ms with 65: roughly 0.19 ms per thread.
-NATIVE_STOP_S_PER_THREAD = 0.19e-3
+# py-spy --native stops every thread for each sample, and a synchronised pool loses the whole
+# pause. How long one sample holds the target, fitted to stop times measured with a 0.3-ms
+# /proc poll: 2 cores, 9 threads 1.4 ms and 65 threads 12 ms; 16 cores, 17 threads 10.4 ms
+# (median). Stopping a thread that runs on another CPU costs more than one that waits.
+NATIVE_STOP_S_PER_THREAD = 0.17e-3
+NATIVE_STOP_S_PER_RUNNING_THREAD = 0.47e-3
 MAX_DEFAULT_RATE_HZ = 10
 
 
-def default_rate(threads: int, stopped_share: float, mode: str = "native") -> int:
-    """The py-spy rate whose expected pauses fit the stop budget, 1 to 10 Hz."""
+def native_sample_cost_s(threads: int, cpus: float) -> float:
+    """Expected time one --native sample holds the target stopped."""
+    threads = max(1, threads)
+    running = min(threads, max(1.0, cpus))
+    return threads * NATIVE_STOP_S_PER_THREAD + running * NATIVE_STOP_S_PER_RUNNING_THREAD
+
+
+def default_rate(threads: int, budget_share: float, mode: str = "native", cpus: float = 1.0) -> int:
+    """The py-spy rate whose expected pauses fit the budget, 1 to 10 Hz."""
     if mode != "native":
         return MAX_DEFAULT_RATE_HZ
-    fits = stopped_share / (max(1, threads) * NATIVE_STOP_S_PER_THREAD)
+    fits = budget_share / native_sample_cost_s(threads, cpus)
     return max(1, min(MAX_DEFAULT_RATE_HZ, int(fits)))
+
+
+def auto_mode(threads: int, budget_share: float, cpus: float) -> tuple[str, str]:
+    """--native where even its slowest rate (1 Hz) fits the budget, else --nonblocking; and why."""
+    cost = native_sample_cost_s(threads, cpus)
+    if cost <= budget_share:
+        return "native", ""
+    return "nonblocking", (
+        f"--native would hold {threads} threads on {cpus:g} CPUs stopped ~{1000 * cost:.0f} ms "
+        f"per sample, {100 * cost:.1f}% of the time at 1 Hz, over the "
+        f"{100 * budget_share:g}% budget"
+    )
 
 
 @dataclass(frozen=True)

@@ -116,21 +116,33 @@ def _stopped_threads(target: Target) -> int:
     return stopped
 
 
+LONG_STOP_S = 0.06
+
+
 def wait_until_attached(target: Target, clock: Clock, timeout_s: float = 3.0) -> None:
-    """Start the window once py-spy's attach pause (about 0.3 s, the target held stopped while
-    py-spy maps it) is over, so that the window measures sampling and not attaching."""
+    """Start the window once py-spy's attach pause is over, so that the window measures
+    sampling and not attaching. A --native attach holds the target stopped once for a long
+    while (0.27-0.29 s measured on 2 cores, while py-spy reads libtorch's symbols), before or
+    after a few short stops; per-sample stops are a few ms. So the window waits for a stop that
+    lasted at least LONG_STOP_S to end and then for 50 ms without one; a target small enough
+    to be mapped faster simply waits out the timeout."""
     begin = clock()
-    seen, quiet = False, 0
-    while (clock() - begin) / NS_PER_S < timeout_s:
+    stopped_since: int | None = None
+    long_stop_over_at: int | None = None
+    while (now := clock()) - begin < timeout_s * NS_PER_S:
         try:
             stopped = _stopped_threads(target)
         except FileNotFoundError:
             return
-        seen = seen or stopped > 0
-        quiet = 0 if stopped else quiet + 1
-        if (seen and quiet >= 10) or (not seen and (clock() - begin) / NS_PER_S > 1.5):
-            return
-        threading.Event().wait(0.01)
+        if stopped:
+            stopped_since = stopped_since or now
+        else:
+            if stopped_since is not None and now - stopped_since >= LONG_STOP_S * NS_PER_S:
+                long_stop_over_at = now
+            stopped_since = None
+            if long_stop_over_at is not None and now - long_stop_over_at >= 0.05 * NS_PER_S:
+                return
+        threading.Event().wait(0.005)
 
 
 def target_state(target: Target) -> str | None:
@@ -238,7 +250,7 @@ def _capture(
         raise CaptureFailed(
             "no collector could start: " + "; ".join(f"{n}: {r.reason}" for n, r in results.items())
         )
-    if "pyspy" in running:
+    if "pyspy" in running and request.options.get("pyspy_mode") != "nonblocking":
         wait_until_attached(target, request.clock)
     status, reason = "complete", ""
     window_start = request.clock()

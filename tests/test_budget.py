@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from profkit.budget import Budget, BudgetMonitor, default_rate
+from profkit.budget import (
+    Budget,
+    BudgetMonitor,
+    auto_mode,
+    default_rate,
+    native_sample_cost_s,
+)
 
 S = 1_000_000_000
 RUNNING, TRACED = ord("R"), ord("t")
@@ -12,16 +18,35 @@ RUNNING, TRACED = ord("R"), ord("t")
 
 def rows(at_s: float, threads: int, stopped: int) -> list[tuple[int, ...]]:
     t = int(at_s * S)
-    return [(t, tid, 0, 0, -1, TRACED if tid < stopped else RUNNING, -1, -1, 0)
-            for tid in range(threads)]
+    return [
+        (t, tid, 0, 0, -1, TRACED if tid < stopped else RUNNING, -1, -1, 0)
+        for tid in range(threads)
+    ]
 
 
 def test_default_rate_fits_the_stop_budget() -> None:
-    rates = [default_rate(threads, 0.02) for threads in (1, 9, 17, 33, 65, 129)]
-    assert rates == sorted(rates, reverse=True), "never faster for more threads"
-    assert rates[1] == 10 and default_rate(65, 0.02) == 1
-    assert default_rate(65, 0.02, "nonblocking") == 10
-    assert default_rate(33, 0.10) > default_rate(33, 0.02)
+    for cpus in (1, 2, 16, 128):
+        rates = [default_rate(threads, 0.02, cpus=cpus) for threads in (1, 9, 17, 33, 65, 129)]
+        assert rates == sorted(rates, reverse=True), "never faster for more threads"
+    # The measured cases: 2 cores keep a high rate for a small pool; 16 busy cores do not.
+    assert default_rate(9, 0.02, cpus=2) == 8
+    assert default_rate(65, 0.02, cpus=2) == 1
+    assert default_rate(17, 0.02, cpus=16) == 1
+    assert default_rate(9, 0.02, cpus=16) < default_rate(9, 0.02, cpus=2), "more threads run"
+    assert default_rate(65, 0.02, "nonblocking", cpus=16) == 10
+    assert default_rate(33, 0.10, cpus=2) > default_rate(33, 0.02, cpus=2)
+    for threads, cpus in ((9, 2), (17, 16), (65, 2)):
+        rate = default_rate(threads, 0.02, cpus=cpus)
+        assert rate * native_sample_cost_s(threads, cpus) <= 0.02 or rate == 1
+
+
+def test_auto_mode_keeps_native_only_where_one_hertz_fits() -> None:
+    assert auto_mode(17, 0.02, 16) == ("native", "")
+    assert auto_mode(65, 0.02, 2)[0] == "native"
+    mode, why = auto_mode(128, 0.02, 128)
+    assert mode == "nonblocking"
+    assert "128 threads on 128 CPUs" in why and "2% budget" in why
+    assert auto_mode(128, 0.10, 128)[0] == "native"
 
 
 def test_stopped_share_ignores_the_attach_pause_and_needs_enough_rows() -> None:

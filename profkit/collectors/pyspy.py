@@ -128,6 +128,7 @@ class PySpyCollector:
             "exit_codes": [c.exit_code for c, _, _, _ in self._segments],
             "anchors_ns": [c.started_ns for c, _, _, _ in self._segments],
             "native": [n for _, _, _, n in self._segments],
+            "mode_reason": self._context.options.get("pyspy_mode_reason", ""),
             "sigcont_sent_to": resumed,
             "version": self._tool.version_text,
         }

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
-from ..budget import Budget, default_rate
+from ..budget import Budget, auto_mode, default_rate
 from ..bundle import default_directory
 from ..capture import CaptureRequest, capture, parse_collectors, progress_printer
+from ..cgroup import CgroupError, cpu_cgroup
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ..runs import clean_stale
 from ..target import Target, inspect
@@ -29,7 +31,7 @@ def run_capture(
     perf_scope: str = "cpu",
     stop_budget: float = 2.0,
     cpu_budget: float = 0.5,
-    pyspy_mode: str = "native",
+    pyspy_mode: str = "auto",
 ) -> int:
     if duration <= 0:
         raise UsageError(f"--duration must be positive, got {duration:g}")
@@ -48,12 +50,19 @@ def run_capture(
         click.echo(
             f"profkit: note: pid {target.pid} has no torch loaded; capturing anyway", err=True
         )
+    cpus = usable_cpus(target.pid)
+    mode_reason = ""
+    if pyspy_mode == "auto":
+        pyspy_mode, mode_reason = auto_mode(target.threads, stop_budget / 100, cpus)
+        if mode_reason:
+            click.echo(f"profkit: py-spy goes --nonblocking: {mode_reason}", err=True)
     request = CaptureRequest(
         target=target,
         directory=Path(out) if out else default_directory(target.pid),
         duration_s=duration,
-        rate_hz=rate if rate is not None else default_rate(target.threads, stop_budget / 100,
-                                                            pyspy_mode),
+        rate_hz=rate
+        if rate is not None
+        else default_rate(target.threads, stop_budget / 100, pyspy_mode, cpus),
         collectors=parsed,
         max_size_mb=max_size_mb,
         options={
@@ -61,12 +70,26 @@ def run_capture(
             "perf_rate": str(perf_rate),
             "perf_scope": perf_scope,
             "pyspy_mode": pyspy_mode,
+            "pyspy_mode_reason": mode_reason,
         },
         budget=Budget(stopped_share=stop_budget / 100, tool_cores=cpu_budget),
     )
     manifest = capture(request, on_tick=progress_printer())
     print_outcome(request.directory, manifest, report=not no_report)
     return EXIT_INTERRUPTED if manifest["status"] == "partial" else EXIT_OK
+
+
+def usable_cpus(pid: int) -> float:
+    """How many of the target's threads can run at once: its CPU affinity, capped by a quota."""
+    try:
+        cpus: float = len(os.sched_getaffinity(pid))
+    except OSError:
+        cpus = float(os.cpu_count() or 1)
+    try:
+        quota = cpu_cgroup(pid).effective_cores
+    except CgroupError:
+        quota = None
+    return cpus if quota is None else min(cpus, quota)
 
 
 @click.command()

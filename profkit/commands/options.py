@@ -31,23 +31,25 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "-r",
             type=int,
             default=None,
-            help="py-spy sampling rate in Hz (default: 10, lower for large thread counts, so "
-            "that --native's pauses stay within --stop-budget).",
+            help="py-spy sampling rate in Hz (default: up to 10, chosen from the target's "
+            "thread and CPU counts so that --native's pauses cost it at most --stop-budget).",
         ),
         click.option(
             "--pyspy-mode",
-            type=click.Choice(["native", "nonblocking"]),
-            default="native",
+            type=click.Choice(["auto", "native", "nonblocking"]),
+            default="auto",
             show_default=True,
             help="native: native frames, the target stopped per sample (needed to tell call "
-            "sites apart reliably); nonblocking: never stopped, sites placed by time only.",
+            "sites apart reliably); nonblocking: never stopped, sites placed by time only; "
+            "auto: native unless even 1 Hz of it would exceed --stop-budget.",
         ),
         click.option(
             "--stop-budget",
             type=float,
             default=2.0,
             show_default=True,
-            help="Most % of time py-spy may hold the target stopped; over it the rate halves.",
+            help="Most % of the target's throughput py-spy's pauses may cost; if the target is "
+            "seen stopped more than that share of its time, py-spy goes --nonblocking.",
         ),
         click.option(
             "--cpu-budget",
