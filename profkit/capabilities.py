@@ -8,6 +8,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -260,6 +261,19 @@ def check_uprobes() -> Check:
     )
 
 
+def check_binutils() -> Check:
+    missing = [tool for tool in ("readelf", "objdump") if shutil.which(tool) is None]
+    if not missing:
+        return Check("binutils", OK, "readelf, objdump: region ends probed at each return")
+    return Check(
+        "binutils",
+        WARN,
+        f"{', '.join(missing)} not found: region ends fall back to a uretprobe, which makes "
+        "py-spy --native's stops longer",
+        fix="apt-get install binutils",
+    )
+
+
 def check_cgroups() -> Check:
     mounts = parse_mountinfo(MOUNTINFO.read_text())
     v1 = sorted(
@@ -317,6 +331,7 @@ CHECKS: tuple[Callable[[], Check | list[Check]], ...] = (
     check_btf,
     check_tracefs,
     check_uprobes,
+    check_binutils,
     check_cgroups,
     check_torch,
 )

@@ -54,6 +54,15 @@ def read_stat(pid: int, tid: int | None = None) -> TaskStat:
     return parse_stat((task_dir(pid, tid) / "stat").read_text())
 
 
+def read_context_switches() -> int:
+    """Context switches on the whole machine since boot (/proc/stat's ctxt line)."""
+    with open(PROC / "stat") as stat:
+        for line in stat:
+            if line.startswith("ctxt "):
+                return int(line.split()[1])
+    raise OSError("/proc/stat has no ctxt line")
+
+
 def list_tids(pid: int) -> list[int]:
     return sorted(int(name) for name in os.listdir(PROC / str(pid) / "task"))
 

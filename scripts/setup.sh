@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-APT_PACKAGES=(linux-perf bpfcc-tools python3-bpfcc linux-headers-amd64)
+APT_PACKAGES=(linux-perf bpfcc-tools python3-bpfcc linux-headers-amd64 binutils)
 # The real consumers the tests hand profkit's outputs to: a browser, Go's pprof, speedscope.
 TEST_APT_PACKAGES=(chromium golang-go nodejs npm)
 WITH_TEST_TOOLS=0

@@ -12,8 +12,8 @@ from .conftest import RECIPES, attach, needs_root, run_profkit
 pytestmark = [needs_root(), pytest.mark.live]
 
 
-def profile(pid: int, out: Path, duration: float = 5.0) -> dict:
-    captured = attach(pid, out, duration=duration)
+def profile(pid: int, out: Path, *extra: str, duration: float = 5.0) -> dict:
+    captured = attach(pid, out, *extra, duration=duration)
     assert captured.returncode == 0, captured.stderr
     reported = run_profkit("report", str(out), "--format", "json")
     assert reported.returncode == 0, reported.stderr
@@ -71,3 +71,17 @@ def test_two_call_sites_are_told_apart(start_recipe, tmp_path: Path) -> None:
     shares = {row["function"]: row["share"] for row in rows}
     assert shares.get("copy_fanout", 0.0) >= 0.9, rows
     assert by_id(report)["cpu-fanout"]["evidence"]["function"] == "copy_fanout"
+
+
+def test_two_call_sites_without_the_scheduler_traced(start_recipe, tmp_path: Path) -> None:
+    # What a busy machine gets: region uprobes, but no sched tracepoints (weights by length).
+    recipe = start_recipe("two_sites.py", "--threads", "8", warmup=1.0)
+    report = profile(recipe.pid, tmp_path / "b", "--ebpf-sched", "off", duration=6.0)
+    ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
+    assert ebpf["sched"]["traced"] is False and ebpf["regions"]["tid"]
+    assert not any(a.startswith("tracepoint:") for a in ebpf["attached"])
+    rows = [row for row in report["attribution"] if row["pool"] == "openmp"]
+    assert rows, report["attribution_notes"]
+    assert {row["function"]: row["share"] for row in rows}.get("copy_fanout", 0.0) >= 0.9, rows
+    notes = [n for n in report["attribution_notes"] if n["pool"] == "openmp"]
+    assert notes[0]["method"] == "aligned" and "by length" in notes[0]["reason"], notes

@@ -218,3 +218,67 @@ def test_sigint_stops_quickly_and_leaves_nothing(start_recipe, tmp_path: Path) -
     time.sleep(0.5)
     assert recipe.process.poll() is None, "the target must keep running"
     os.kill(recipe.pid, 0)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs to pin the target to one")
+def test_perf_samples_only_the_cpus_the_target_may_use(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "2")
+    for tid in procfs.list_tids(recipe.pid):
+        os.sched_setaffinity(tid, {0})
+    out = tmp_path / "b"
+    result = attach(recipe.pid, out, "--collectors", "perf_record", duration=3.0)
+    assert result.returncode == 0, result.stderr
+    record = json.loads((out / "manifest.json").read_text())["collectors"]["perf_record"]
+    assert record["notes"]["scope"] == "cpu" and record["notes"]["cpus"] == "0"
+    assert record["samples"] > 0
+    # The per-CPU data held every process's samples: only the target's are kept.
+    assert not (out / "perf.data").exists()
+    tids = set(json.loads((out / "perf.json").read_text())["samples"]["tid"])
+    assert tids <= set(procfs.list_tids(recipe.pid))
+
+
+def test_thread_scope_keeps_perf_data(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "2")
+    out = tmp_path / "b"
+    result = attach(recipe.pid, out, "--collectors", "perf_record", "--perf-scope", "thread",
+                    duration=2.0)
+    assert result.returncode == 0, result.stderr
+    record = json.loads((out / "manifest.json").read_text())["collectors"]["perf_record"]
+    assert record["notes"]["scope"] == "thread" and "perf.data" in record["files"]
+    assert (out / "perf.data").exists()
+
+
+PING_PONG = """
+import os, threading, time
+r1, w1 = os.pipe(); r2, w2 = os.pipe()
+def pong():
+    while True:
+        os.read(r1, 1); os.write(w2, b"x")
+threading.Thread(target=pong, daemon=True).start()
+while True:
+    os.write(w1, b"x"); os.read(r2, 1)
+"""
+
+
+def test_a_busy_machine_is_not_traced_at_every_switch(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "2")
+    busy = subprocess.Popen([sys.executable, "-c", PING_PONG])
+    try:
+        time.sleep(1.0)
+        out = tmp_path / "b"
+        result = attach(recipe.pid, out, "--collectors", "ebpf,proc", duration=2.0)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert result.returncode == 0, result.stderr
+    decision = json.loads((out / "ebpf.json").read_text())["sched"]
+    if decision["expected_share"] <= 0.02:
+        pytest.skip(f"{decision['switches_per_s']} switches/s is not busy on this many CPUs")
+    assert decision["traced"] is False
+    assert "scheduler tracepoints skipped" in decision["reason"]
+    ebpf = json.loads((out / "ebpf.json").read_text())
+    assert ebpf["regions"]["tid"], "the region uprobes still run"
+    assert not any(a.startswith("tracepoint:") for a in ebpf["attached"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "scheduler tracepoints skipped" in manifest["collectors"]["ebpf"]["reason"]
+    assert run_profkit("report", str(out)).returncode == 0

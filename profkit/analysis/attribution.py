@@ -234,8 +234,6 @@ def _aligned(
 ) -> tuple[dict[Site, float], dict[Site, int], str, str, float]:
     if sched is None or not sched.uprobes_attached or len(sched.region_start) == 0:
         return {}, {}, "proportional", "no OpenMP region probes: split by sampled call sites", 0.0
-    if len(sched.slice_tid) == 0:
-        return {}, {}, "proportional", "no scheduler slices: split by sampled call sites", 0.0
     mask = (sched.region_start >= window[0]) & (sched.region_start <= window[1])
     if dispatchers:
         mask &= np.isin(sched.region_tid, list(dispatchers))
@@ -251,7 +249,11 @@ def _aligned(
             region_sites.setdefault(int(region), Counter())[sites[i]] += 1  # type: ignore[index]
     if not region_sites:
         return {}, {}, "proportional", "no py-spy sample aligned with a region", 0.0
-    worker_ns = _worker_time_per_region(sched, workers, starts, window)
+    if len(sched.slice_tid):
+        worker_ns = _worker_time_per_region(sched, workers, starts, window)
+    else:
+        # Scheduler not traced: weigh each region by its length, as a whole team runs it.
+        worker_ns = (np.minimum(ends, window[1]) - np.maximum(starts, window[0])).astype(float)
     weights: dict[Site, float] = {}
     regions_by_site: Counter[Site] = Counter()
     for region, votes in region_sites.items():
@@ -264,4 +266,6 @@ def _aligned(
         f"{len(region_sites)} of {len(starts)} regions carry a sampled call site; the rest "
         "is spread in proportion"
     )
+    if not len(sched.slice_tid):
+        reason += " (regions weighed by length: the scheduler was not traced)"
     return weights, dict(regions_by_site), "aligned", reason, labelled

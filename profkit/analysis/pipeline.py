@@ -87,7 +87,7 @@ def analyse(bundle: Bundle) -> Report:
         ):
             if finding:
                 findings.append(finding)
-    blind = bundle.perf is None and bundle.sched is None
+    blind = bundle.perf is None and (bundle.sched is None or not bundle.sched.scheduler_traced)
     if blind and not any(p.pool.name == "openmp" for p in pool_reports):
         # No native collector ran, so a pool could not be seen: judge by the pool the runtime
         # is set to. (With perf or eBPF, seeing no worker means the team is one thread.)

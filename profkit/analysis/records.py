@@ -75,6 +75,7 @@ class SchedData:
     region_requested: np.ndarray
     lost: int
     uprobes_attached: bool
+    scheduler_traced: bool = True  # False when the tracepoints were skipped to fit the budget
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,7 @@ def _sched(directory: Path) -> SchedData | None:
         return None
     try:
         slices, regions = data["slices"], data["regions"]
+        attached = data.get("attached", [])
         return SchedData(
             threads={int(k): v for k, v in data["threads"].items()},
             wakeups=tuple((int(a), int(b), int(c)) for a, b, c in data["wakeups"]),
@@ -211,7 +213,8 @@ def _sched(directory: Path) -> SchedData | None:
             region_end=_array(regions["end_ns"], "end_ns", "ebpf.json"),
             region_requested=_array(regions["requested"], "requested", "ebpf.json"),
             lost=int(sum(data.get("lost", {}).values())),
-            uprobes_attached=any(a.startswith("uprobe:") for a in data.get("attached", [])),
+            uprobes_attached=any(a.startswith("uprobe:") for a in attached),
+            scheduler_traced=any(a.startswith("tracepoint:sched") for a in attached),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise BadBundle(f"ebpf.json lacks {exc}") from exc

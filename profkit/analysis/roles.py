@@ -91,7 +91,7 @@ def classify(
                 woken_by_python[wakee] += count
                 waker_of.setdefault(wakee, Counter())[waker] += count
     openmp_path = manifest_target.get("openmp_runtime")
-    blind = bundle.perf is None and bundle.sched is None
+    blind = bundle.perf is None and (bundle.sched is None or not bundle.sched.scheduler_traced)
     roles: list[ThreadRole] = []
     members: dict[str, list[int]] = {}
     dispatchers: dict[str, Counter[int]] = {}

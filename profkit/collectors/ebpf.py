@@ -10,12 +10,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import os
 import threading
+import time
 from dataclasses import dataclass
 from importlib import resources
 
 from .. import procfs
 from ..bccload import BccUnavailable, load_bcc
+from ..budget import sched_trace_share
+from ..clock import Clock
 from ..returns import return_sites
 from ..target import Runtime, Target
 from .base import Availability, CaptureContext, CollectorResult
@@ -54,6 +58,45 @@ class OpenMPProgram:
         return probe_source("openmp.bpf.c")
 
 
+def decide_sched(context: CaptureContext) -> dict[str, object]:
+    """Whether to trace the scheduler: its tracepoints run on every context switch of the
+    machine, so on a busy one they cost more than the budget (docs/collectors.md)."""
+    setting = context.options.get("ebpf_sched", "auto")
+    if setting != "auto":
+        return {
+            "traced": setting == "on",
+            "setting": setting,
+            "reason": "" if setting == "on" else "scheduler tracepoints off (--ebpf-sched off)",
+        }
+    budget = float(context.options.get("overhead_budget", "0.02"))
+    rate = machine_switch_rate(context.clock)
+    share = sched_trace_share(rate, os.cpu_count() or 1)
+    decision: dict[str, object] = {
+        "traced": share <= budget,
+        "setting": "auto",
+        "switches_per_s": round(rate),
+        "expected_share": share,
+    }
+    decision["reason"] = (
+        ""
+        if share <= budget
+        else (
+            f"scheduler tracepoints skipped: the machine switches {rate:,.0f} times a second on "
+            f"{os.cpu_count()} CPUs, which would cost the target ~{100 * share:.1f}%, over the "
+            f"{100 * budget:g}% budget (--ebpf-sched on to trace anyway)"
+        )
+    )
+    return decision
+
+
+def machine_switch_rate(clock: Clock, seconds: float = 0.25) -> float:
+    """Context switches per second on the whole machine, from /proc/stat's ctxt."""
+    before, start = procfs.read_context_switches(), clock()
+    time.sleep(seconds)
+    after, end = procfs.read_context_switches(), clock()
+    return (after - before) / max(1e-9, (end - start) / 1e9)
+
+
 class Region(ctypes.Structure):
     _fields_ = [
         ("start_ns", ctypes.c_uint64),
@@ -68,7 +111,10 @@ class EbpfCollector:
 
     def __init__(self, print_programs: bool = False) -> None:
         self.print_programs = print_programs
-        self._bpf: list[object] = []
+        self._bpf: list[object] = []  # every loaded program, for cleanup
+        self._sched_bpf: object | None = None
+        self._openmp_bpf: object | None = None
+        self.sched_decision: dict[str, object] = {}
         self._context: CaptureContext | None = None
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
@@ -106,15 +152,20 @@ class EbpfCollector:
             print(f"/* --- sched --- */\n{sched.source()}")
             if runtime is not None:
                 print(f"/* --- openmp --- */\n{OpenMPProgram(runtime).source()}")
+        self.sched_decision = decide_sched(context)
         try:
-            sched_bpf = bcc.BPF(text=sched.source())
-            self._bpf.append(sched_bpf)
-            self._seed_threads(sched_bpf, target.pid)
-            self.attached += [
-                "tracepoint:sched:sched_switch",
-                "tracepoint:sched:sched_wakeup",
-                "tracepoint:sched:sched_wakeup_new",
-            ]
+            if self.sched_decision["traced"]:
+                sched_bpf = bcc.BPF(text=sched.source())
+                self._bpf.append(sched_bpf)
+                self._sched_bpf = sched_bpf
+                self._seed_threads(sched_bpf, target.pid)
+                self.attached += [
+                    "tracepoint:sched:sched_switch",
+                    "tracepoint:sched:sched_wakeup",
+                    "tracepoint:sched:sched_wakeup_new",
+                ]
+            else:
+                self.warnings.append(str(self.sched_decision["reason"]))
             if runtime is not None:
                 self._attach_openmp(bcc, OpenMPProgram(runtime), target.pid)
         except Exception:
@@ -129,14 +180,14 @@ class EbpfCollector:
         path = program.runtime.path
         bpf = bcc.BPF(text=program.source())  # type: ignore[attr-defined]
         self._bpf.append(bpf)
+        self._openmp_bpf = bpf
         returns = return_sites(path, symbol)
         try:
             bpf.attach_uprobe(name=path, sym=symbol, fn_name=handler, pid=pid)
             if returns:
                 # A uprobe on each `ret` rather than a uretprobe: see profkit/returns.py.
                 for address in returns:
-                    bpf.attach_uprobe(name=path, addr=address, fn_name="on_region_return",
-                                      pid=pid)
+                    bpf.attach_uprobe(name=path, addr=address, fn_name="on_region_return", pid=pid)
             else:
                 bpf.attach_uretprobe(name=path, sym=symbol, fn_name="on_region_return", pid=pid)
                 self.warnings.append(
@@ -150,8 +201,9 @@ class EbpfCollector:
         bpf["regions"].open_perf_buffer(self._on_region, page_cnt=64, lost_cb=self._lost("regions"))
         self.attached.append(f"uprobe:{path}:{symbol}")
         if returns:
-            self.attached += [f"uprobe:{path}:{address:#x} (return of {symbol})"
-                              for address in returns]
+            self.attached += [
+                f"uprobe:{path}:{address:#x} (return of {symbol})" for address in returns
+            ]
         else:
             self.attached.append(f"uretprobe:{path}:{symbol}")
 
@@ -174,9 +226,9 @@ class EbpfCollector:
     def _poll(self) -> None:
         # Only the region buffer is polled: one event per parallel region, not per switch.
         while not self._stop.is_set():
-            if len(self._bpf) > 1:
+            if self._openmp_bpf is not None:
                 with contextlib.suppress(Exception):
-                    self._bpf[1].perf_buffer_poll(timeout=200)  # type: ignore[attr-defined]
+                    self._openmp_bpf.perf_buffer_poll(timeout=200)  # type: ignore[attr-defined]
             else:
                 self._stop.wait(0.2)
 
@@ -190,8 +242,8 @@ class EbpfCollector:
             self._poller.join(timeout=5)
         end_ns = self._context.clock()
         payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
-        if self._bpf:
-            sched = self._bpf[0]
+        if self._sched_bpf is not None:
+            sched = self._sched_bpf
             threads = {}
             for key, value in sched["times"].items():  # type: ignore[index]
                 oncpu, offcpu = value.oncpu_ns, value.offcpu_ns
@@ -209,13 +261,13 @@ class EbpfCollector:
             payload["threads"] = threads
             self._read_slices(sched)
             payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]  # type: ignore[index]
-            if len(self._bpf) > 1:
-                with contextlib.suppress(Exception):
-                    self._bpf[1].perf_buffer_poll(timeout=0)  # type: ignore[attr-defined]
-                hist = self._bpf[1]["duration_us_log2"]  # type: ignore[index]
-                payload["histogram_us_log2"] = {
-                    str(k.value): v.value for k, v in hist.items() if v.value
-                }
+        if self._openmp_bpf is not None:
+            with contextlib.suppress(Exception):
+                self._openmp_bpf.perf_buffer_poll(timeout=0)  # type: ignore[attr-defined]
+            hist = self._openmp_bpf["duration_us_log2"]  # type: ignore[index]
+            payload["histogram_us_log2"] = {
+                str(k.value): v.value for k, v in hist.items() if v.value
+            }
         self.cleanup()
         payload.update(
             {
@@ -224,6 +276,7 @@ class EbpfCollector:
                 "lost": self.lost,
                 "attached": self.attached,
                 "warnings": self.warnings,
+                "sched": self.sched_decision,
                 "window": {"start_ns": self._start_ns, "end_ns": end_ns},
                 "runtime": (
                     self._context.target.openmp_runtime.path
@@ -276,6 +329,7 @@ class EbpfCollector:
 
     def cleanup(self) -> None:
         """Detach every probe; safe to call more than once."""
+        self._sched_bpf = self._openmp_bpf = None
         while self._bpf:
             bpf = self._bpf.pop()
             with contextlib.suppress(Exception):

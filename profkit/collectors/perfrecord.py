@@ -17,6 +17,7 @@ holds every process's samples, so it is deleted once the target's are converted.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 
 import sh
@@ -38,6 +39,7 @@ class PerfRecordCollector:
         self._tool = find_tool("perf")
         self._child: ChildTool | None = None
         self._context: CaptureContext | None = None
+        self._cpus = ""
 
     def available(self, target: Target) -> Availability:
         if self._tool.path is None:
@@ -49,6 +51,8 @@ class PerfRecordCollector:
         self._context = context
         callgraph = context.options.get("perf_callgraph", "fp")
         max_mb = context.options.get("perf_max_mb", "64")
+        scope = self._scope_args(context)
+        self._cpus = scope[2] if len(scope) > 2 else ("all" if scope == ["-a"] else "")
         args = [
             "record",
             "-e",
@@ -58,7 +62,7 @@ class PerfRecordCollector:
             *CALLGRAPHS[callgraph],
             "-k",
             "CLOCK_MONOTONIC",
-            *self._scope_args(context),
+            *scope,
             "--max-size",
             f"{max_mb}M",
             "-o",
@@ -71,7 +75,15 @@ class PerfRecordCollector:
     def _scope_args(context: CaptureContext) -> list[str]:
         if context.options.get("perf_scope", "cpu") == "thread":
             return ["-p", str(context.target.pid)]
-        return ["-a"]
+        # Only the CPUs the target may run on: in a cpuset container that is a fraction of a
+        # large machine, and samples elsewhere would all be thrown away.
+        try:
+            allowed = sorted(os.sched_getaffinity(context.target.pid))
+        except OSError:
+            return ["-a"]
+        if len(allowed) >= (os.cpu_count() or len(allowed)):
+            return ["-a"]
+        return ["-a", "-C", ",".join(str(cpu) for cpu in allowed)]
 
     def progress(self) -> int:
         return 0
@@ -84,6 +96,7 @@ class PerfRecordCollector:
             "callgraph": self._context.options.get("perf_callgraph", "fp"),
             "rate_hz": int(self._context.options.get("perf_rate", 49)),
             "scope": self._context.options.get("perf_scope", "cpu"),
+            "cpus": self._cpus,
             "exit_code": exit_code,
         }
         if not (directory / DATA_FILE).exists():

@@ -32,13 +32,14 @@ def run_capture(
     stop_budget: float = 2.0,
     cpu_budget: float = 0.5,
     pyspy_mode: str = "auto",
+    ebpf_sched: str = "auto",
 ) -> int:
     if duration <= 0:
         raise UsageError(f"--duration must be positive, got {duration:g}")
     if max_size_mb <= 0:
         raise UsageError(f"--max-size must be positive, got {max_size_mb:g}")
     if stop_budget <= 0 or cpu_budget <= 0:
-        raise UsageError("--stop-budget and --cpu-budget must be positive")
+        raise UsageError("--budget and --cpu-budget must be positive")
     parsed = parse_collectors(collectors)
     for cleanup in clean_stale():
         click.echo(
@@ -71,6 +72,8 @@ def run_capture(
             "perf_scope": perf_scope,
             "pyspy_mode": pyspy_mode,
             "pyspy_mode_reason": mode_reason,
+            "ebpf_sched": ebpf_sched,
+            "overhead_budget": str(stop_budget / 100),
         },
         budget=Budget(stopped_share=stop_budget / 100, tool_cores=cpu_budget),
     )

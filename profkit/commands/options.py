@@ -44,12 +44,23 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "auto: native unless even 1 Hz of it would exceed --stop-budget.",
         ),
         click.option(
+            "--budget",
             "--stop-budget",
+            "stop_budget",
             type=float,
             default=2.0,
             show_default=True,
-            help="Most % of the target's throughput py-spy's pauses may cost; if the target is "
-            "seen stopped more than that share of its time, py-spy goes --nonblocking.",
+            help="Most % of the target's throughput profkit may cost it: sets py-spy's rate "
+            "and mode and whether the scheduler is traced; if the target is seen stopped more "
+            "than this share of its time, py-spy goes --nonblocking.",
+        ),
+        click.option(
+            "--ebpf-sched",
+            type=click.Choice(["auto", "on", "off"]),
+            default="auto",
+            show_default=True,
+            help="Scheduler tracepoints (slices, wakeups): auto traces them unless the machine's "
+            "context-switch rate says they would cost more than --budget.",
         ),
         click.option(
             "--cpu-budget",

@@ -122,10 +122,13 @@ async def run_steady(url: str, concurrency: int, seed: int, image_size: int) -> 
         index = offset
         while True:
             index = (index + 1) % len(images)
-            async with session.post(f"{url}/generate", data=images[index]) as response:
-                await response.read()
-                if response.status == 200:
-                    done += 1
+            try:
+                async with session.post(f"{url}/generate", data=images[index]) as response:
+                    await response.read()
+                    if response.status == 200:
+                        done += 1
+            except aiohttp.ClientError:
+                return  # the server went away: the benchmark is over
 
     async def report() -> None:
         while True:
