@@ -160,6 +160,9 @@ def profkit_notes(manifest: dict) -> str:
     if pyspy.get("status") in ("ok", "partial"):
         modes = ["native" if native else "nonblocking" for native in pyspy["notes"]["native"]]
         notes.append(f"py-spy {pyspy['notes']['rate_hz']} Hz {'+'.join(modes)}")
+    ebpf = manifest["collectors"].get("ebpf", {})
+    if ebpf.get("status") == "ok" and "scheduler tracepoints skipped" in ebpf.get("reason", ""):
+        notes.append("sched not traced")
     notes += [f"{d['action']} {d['collector']}" for d in manifest["budget_decisions"]]
     return ", ".join(notes)
 

@@ -281,4 +281,6 @@ def test_a_busy_machine_is_not_traced_at_every_switch(start_recipe, tmp_path: Pa
     assert not any(a.startswith("tracepoint:") for a in ebpf["attached"])
     manifest = json.loads((out / "manifest.json").read_text())
     assert "scheduler tracepoints skipped" in manifest["collectors"]["ebpf"]["reason"]
-    assert run_profkit("report", str(out)).returncode == 0
+    report = run_profkit("report", str(out))
+    assert report.returncode == 0, report.stderr
+    assert "scheduler tracepoints skipped" in report.stdout

@@ -248,7 +248,7 @@ def test_over_the_stop_budget_pyspy_goes_nonblocking(start_recipe, tmp_path: Pat
     out = tmp_path / "b"
     result = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "6", "--out",
                          str(out), "--no-report", "--collectors", "proc,pyspy", "--rate", "50",
-                         "--stop-budget", "0.1", timeout=120)
+                         "--pyspy-mode", "native", "--stop-budget", "0.1", timeout=120)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     decisions = manifest["budget_decisions"]
@@ -261,10 +261,24 @@ def test_over_the_stop_budget_pyspy_goes_nonblocking(start_recipe, tmp_path: Pat
     assert run_profkit("report", str(out)).returncode == 0
 
 
+def test_auto_mode_goes_nonblocking_when_one_hertz_is_over_budget(
+    start_recipe, tmp_path: Path
+) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    out = tmp_path / "b"
+    result = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "2", "--out",
+                         str(out), "--no-report", "--collectors", "proc,pyspy",
+                         "--budget", "0.1", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "py-spy goes --nonblocking" in result.stderr and "0.1% budget" in result.stderr
+    notes = json.loads((out / "manifest.json").read_text())["collectors"]["pyspy"]["notes"]
+    assert notes["native"] == [False] and "0.1% budget" in notes["mode_reason"]
+
+
 def test_over_the_cpu_budget_a_collector_is_dropped(start_recipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "4")
     out = tmp_path / "b"
-    result = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "5", "--out",
+    result = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "7", "--out",
                          str(out), "--no-report", "--collectors", "proc,cgroup,pyspy",
                          "--cpu-budget", "0.0001", timeout=120)
     assert result.returncode == 0, result.stderr

@@ -113,6 +113,9 @@ class Bundle:
         for name, result in self.manifest.get("collectors", {}).items():
             if result.get("status") not in ("ok", "partial"):
                 out[name] = f"{result.get('status')}: {result.get('reason', '')}".strip(": ")
+        if self.sched is not None and not self.sched.scheduler_traced:
+            reason = self.manifest.get("collectors", {}).get("ebpf", {}).get("reason", "")
+            out["ebpf scheduler tracepoints"] = reason or "not traced"
         return out
 
 

@@ -11,7 +11,6 @@ import contextlib
 import ctypes
 import json
 import os
-import threading
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -54,8 +53,10 @@ class OpenMPProgram:
             return "__kmpc_fork_call", "on_kmpc_fork_call"
         return "GOMP_parallel", "on_gomp_parallel"
 
+    region_capacity: int = 1 << 18  # 6 MiB of kernel memory: 2.5 min at 1 700 regions/s
+
     def source(self) -> str:
-        return probe_source("openmp.bpf.c")
+        return probe_source("openmp.bpf.c").replace("REGION_CAPACITY", str(self.region_capacity))
 
 
 def decide_sched(context: CaptureContext) -> dict[str, object]:
@@ -97,15 +98,6 @@ def machine_switch_rate(clock: Clock, seconds: float = 0.25) -> float:
     return (after - before) / max(1e-9, (end - start) / 1e9)
 
 
-class Region(ctypes.Structure):
-    _fields_ = [
-        ("start_ns", ctypes.c_uint64),
-        ("end_ns", ctypes.c_uint64),
-        ("tid", ctypes.c_uint32),
-        ("requested", ctypes.c_uint32),
-    ]
-
-
 class EbpfCollector:
     name = "ebpf"
 
@@ -116,8 +108,6 @@ class EbpfCollector:
         self._openmp_bpf: object | None = None
         self.sched_decision: dict[str, object] = {}
         self._context: CaptureContext | None = None
-        self._poller: threading.Thread | None = None
-        self._stop = threading.Event()
         self.slices: dict[str, list[int]] = {
             "start_ns": [],
             "end_ns": [],
@@ -172,8 +162,6 @@ class EbpfCollector:
             self.cleanup()
             raise
         self._start_ns = context.clock()
-        self._poller = threading.Thread(target=self._poll, name="profkit-ebpf", daemon=True)
-        self._poller.start()
 
     def _attach_openmp(self, bcc: object, program: OpenMPProgram, pid: int) -> None:
         symbol, handler = program.entry
@@ -198,7 +186,6 @@ class EbpfCollector:
         except Exception as exc:  # a stripped or unusual runtime: the rest still works
             self.warnings.append(f"uprobe on {symbol} in {path} failed: {exc}")
             return
-        bpf["regions"].open_perf_buffer(self._on_region, page_cnt=64, lost_cb=self._lost("regions"))
         self.attached.append(f"uprobe:{path}:{symbol}")
         if returns:
             self.attached += [
@@ -212,34 +199,16 @@ class EbpfCollector:
         for tid in procfs.list_tids(pid):
             times[times.Key(tid)] = times.Leaf()
 
-    def _lost(self, which: str):  # type: ignore[no-untyped-def]
-        def record(count: int) -> None:
-            self.lost[which] += count
-
-        return record
-
-    def _on_region(self, cpu: int, data: int, size: int) -> None:
-        event = ctypes.cast(data, ctypes.POINTER(Region)).contents
-        for key in ("start_ns", "end_ns", "tid", "requested"):
-            self.regions[key].append(getattr(event, key))
-
-    def _poll(self) -> None:
-        # Only the region buffer is polled: one event per parallel region, not per switch.
-        while not self._stop.is_set():
-            if self._openmp_bpf is not None:
-                with contextlib.suppress(Exception):
-                    self._openmp_bpf.perf_buffer_poll(timeout=200)  # type: ignore[attr-defined]
-            else:
-                self._stop.wait(0.2)
-
     def progress(self) -> int:
-        return len(self.regions["tid"])
+        if self._openmp_bpf is None:
+            return 0
+        try:
+            return int(self._openmp_bpf["region_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+        except Exception:
+            return 0
 
     def stop(self) -> CollectorResult:
         assert self._context is not None
-        self._stop.set()
-        if self._poller:
-            self._poller.join(timeout=5)
         end_ns = self._context.clock()
         payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
         if self._sched_bpf is not None:
@@ -262,8 +231,7 @@ class EbpfCollector:
             self._read_slices(sched)
             payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]  # type: ignore[index]
         if self._openmp_bpf is not None:
-            with contextlib.suppress(Exception):
-                self._openmp_bpf.perf_buffer_poll(timeout=0)  # type: ignore[attr-defined]
+            self._read_regions(self._openmp_bpf)
             hist = self._openmp_bpf["duration_us_log2"]  # type: ignore[index]
             payload["histogram_us_log2"] = {
                 str(k.value): v.value for k, v in hist.items() if v.value
@@ -303,29 +271,19 @@ class EbpfCollector:
             },
         )
 
+    def _read_regions(self, bpf: object) -> None:
+        """Copy the in-kernel region log out in one batch, after the window."""
+        for _, v in _read_log(bpf, "region_log", "region_count", self.lost, "regions"):
+            for key in ("start_ns", "end_ns", "tid", "requested"):
+                self.regions[key].append(getattr(v, key))
+
     def _read_slices(self, sched: object) -> None:
         """Copy the in-kernel slice log out in one batch, after the window."""
-        count = sched["slice_count"][ctypes.c_int(0)].value  # type: ignore[index]
-        log = sched["slice_log"]  # type: ignore[index]
-        capacity = len(log)
-        used = min(count, capacity)
-        self.lost["slices"] += max(0, count - capacity)
-        if used <= 0 or capacity <= 1:
-            return
-        try:
-            entries = [(k.value, v) for k, v in log.items_lookup_batch()]
-        except Exception:  # kernels without batch lookups: one lookup per entry
-            entries = [(i, log[ctypes.c_int(i)]) for i in range(used)]
-        rows = sorted(
-            (index, v.start_ns, v.end_ns, v.tid, v.voluntary)
-            for index, v in entries
-            if index < used
-        )
-        for _, start, end, tid, voluntary in rows:
-            self.slices["start_ns"].append(start)
-            self.slices["end_ns"].append(end)
-            self.slices["tid"].append(tid)
-            self.slices["voluntary"].append(voluntary)
+        for _, v in _read_log(sched, "slice_log", "slice_count", self.lost, "slices"):
+            self.slices["start_ns"].append(v.start_ns)
+            self.slices["end_ns"].append(v.end_ns)
+            self.slices["tid"].append(v.tid)
+            self.slices["voluntary"].append(v.voluntary)
 
     def cleanup(self) -> None:
         """Detach every probe; safe to call more than once."""
@@ -334,3 +292,19 @@ class EbpfCollector:
             bpf = self._bpf.pop()
             with contextlib.suppress(Exception):
                 bpf.cleanup()  # type: ignore[attr-defined]
+
+
+def _read_log(bpf: object, log_name: str, count_name: str, lost: dict[str, int], which: str):  # type: ignore[no-untyped-def]
+    """The used entries of an in-kernel array log, in the order they were written."""
+    count = bpf[count_name][ctypes.c_int(0)].value  # type: ignore[index]
+    log = bpf[log_name]  # type: ignore[index]
+    capacity = len(log)
+    used = min(count, capacity)
+    lost[which] += max(0, count - capacity)
+    if used <= 0 or capacity <= 1:
+        return []
+    try:
+        entries = [(k.value, v) for k, v in log.items_lookup_batch()]
+    except Exception:  # kernels without batch lookups: one lookup per entry
+        entries = [(i, log[ctypes.c_int(i)]) for i in range(used)]
+    return sorted(((index, v) for index, v in entries if index < used), key=lambda e: e[0])
