@@ -48,16 +48,45 @@ def main() -> int:
     parser.add_argument("--pause-ms", type=float, default=40.0)
     args = parser.parse_args()
     recipe = subprocess.Popen(
-        [sys.executable, str(ROOT / "recipes/shm_fanout.py"), "--threads", "2", "--tensor-mb",
-         str(args.tensor_mb), "--pause-ms", str(args.pause_ms)], stdout=subprocess.DEVNULL)
+        [
+            sys.executable,
+            str(ROOT / "recipes/shm_fanout.py"),
+            "--threads",
+            "2",
+            "--tensor-mb",
+            str(args.tensor_mb),
+            "--pause-ms",
+            str(args.pause_ms),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     time.sleep(3)
     with tempfile.TemporaryDirectory() as scratch:
         bundle_dir = Path(scratch) / "b"
-        subprocess.run([sys.executable, "-m", "profkit", "attach", "--pid", str(recipe.pid),
-                        "--duration", str(args.seconds), "--rate", str(args.rate),
-                        "--stop-budget", "100", "--collectors", "ebpf,proc,pyspy", "--out",
-                        str(bundle_dir), "--no-report"], check=True, cwd=ROOT,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "profkit",
+                "attach",
+                "--pid",
+                str(recipe.pid),
+                "--duration",
+                str(args.seconds),
+                "--rate",
+                str(args.rate),
+                "--stop-budget",
+                "100",
+                "--collectors",
+                "ebpf,proc,pyspy",
+                "--out",
+                str(bundle_dir),
+                "--no-report",
+            ],
+            check=True,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
         recipe.terminate()
         bundle = load_bundle(bundle_dir)
     spans, sched = bundle.pyspy, bundle.sched
@@ -67,10 +96,14 @@ def main() -> int:
     order = np.argsort(sched.region_start)
     starts, ends = sched.region_start[order], sched.region_end[order]
     region_ms = np.median(ends - starts) / 1e6
-    print(f"{len(starts)} regions (median {region_ms:.1f} ms), {len(times)} py-spy samples "
-          f"at {args.rate} Hz, {int(inside.sum())} with the OpenMP runtime on the stack")
-    print(f"{'shift ms':>9} {'in-region samples inside a region':>34} "
-          f"{'other samples outside regions':>30}")
+    print(
+        f"{len(starts)} regions (median {region_ms:.1f} ms), {len(times)} py-spy samples "
+        f"at {args.rate} Hz, {int(inside.sum())} with the OpenMP runtime on the stack"
+    )
+    print(
+        f"{'shift ms':>9} {'in-region samples inside a region':>34} "
+        f"{'other samples outside regions':>30}"
+    )
     best = (0.0, -1.0)
     for shift_ms in np.arange(-6.0, 6.5, 0.5):
         shifted = times + int(shift_ms * 1e6)
@@ -80,9 +113,11 @@ def main() -> int:
         if hit + miss > best[1]:
             best = (shift_ms, hit + miss)
     late = offsets(times[inside], starts, ends) / 1e6
-    print(f"\nunshifted: in-region samples outside any region: {100 * (late > 0).mean():.1f}%, "
-          f"distance p50 {np.percentile(late, 50):.2f} ms, p90 {np.percentile(late, 90):.2f} "
-          f"ms, max {late.max():.2f} ms")
+    print(
+        f"\nunshifted: in-region samples outside any region: {100 * (late > 0).mean():.1f}%, "
+        f"distance p50 {np.percentile(late, 50):.2f} ms, p90 {np.percentile(late, 90):.2f} "
+        f"ms, max {late.max():.2f} ms"
+    )
     print(f"best shift: {best[0]:+.1f} ms (added to py-spy's stamps, it lines them up best)")
     return 0
 

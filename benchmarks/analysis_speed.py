@@ -30,8 +30,14 @@ from profkit.render.flame_svg import render_svg  # noqa: E402
 SOURCE = ROOT / "tests/data/fanout_quota"
 
 
-def tile(columns: dict[str, list], copies: int, shift_ns: int, time_keys: tuple[str, ...],
-         tid_key: str | None = None, tid_map: dict[int, list[int]] | None = None) -> dict:
+def tile(
+    columns: dict[str, list],
+    copies: int,
+    shift_ns: int,
+    time_keys: tuple[str, ...],
+    tid_key: str | None = None,
+    tid_map: dict[int, list[int]] | None = None,
+) -> dict:
     out: dict[str, list] = {k: [] for k in columns}
     for copy in range(copies):
         for i in range(len(columns[next(iter(columns))])):
@@ -92,8 +98,10 @@ def main() -> int:
     parsed = parse_script(lines * reps)
     parse_s = time.perf_counter() - started
     parsed_samples = len(parsed["samples"]["t_ns"])
-    print(f"perf script parse: {parsed_samples} samples in {parse_s:.2f} s = "
-          f"{parse_s / parsed_samples * 1e6:.1f} s per million samples")
+    print(
+        f"perf script parse: {parsed_samples} samples in {parse_s:.2f} s = "
+        f"{parse_s / parsed_samples * 1e6:.1f} s per million samples"
+    )
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
         samples = build_large(directory, args.scale)
@@ -104,10 +112,14 @@ def main() -> int:
         svg = render_svg(build(report, "merged"), "merged")
         render_s = time.perf_counter() - started
     workers = sum(len(p.pool.workers) for p in report.pools)
-    print(f"bundle: {samples} perf samples, {workers} pool workers, "
-          f"{report.reconciliation.window_seconds * args.scale:.0f} s of capture tiled")
-    print(f"load + analyse: {analyse_s:.2f} s = {analyse_s / samples * 1e6:.1f} s per million "
-          f"perf samples")
+    print(
+        f"bundle: {samples} perf samples, {workers} pool workers, "
+        f"{report.reconciliation.window_seconds * args.scale:.0f} s of capture tiled"
+    )
+    print(
+        f"load + analyse: {analyse_s:.2f} s = {analyse_s / samples * 1e6:.1f} s per million "
+        f"perf samples"
+    )
     print(f"merged SVG render: {render_s:.2f} s ({len(svg) // 1024} KiB)")
     return 0
 

@@ -29,8 +29,9 @@ def peak_kib(pid: int) -> int:
 
 
 def children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True
+    ).stdout
     return [int(p) for p in out.split()]
 
 
@@ -39,16 +40,33 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
-    recipe = subprocess.Popen([sys.executable, str(ROOT / "recipes/shm_fanout.py"), "--threads",
-                               str(args.threads)], stdout=subprocess.DEVNULL)
+    recipe = subprocess.Popen(
+        [sys.executable, str(ROOT / "recipes/shm_fanout.py"), "--threads", str(args.threads)],
+        stdout=subprocess.DEVNULL,
+    )
     time.sleep(3)
     peaks: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "b"
-        profkit = subprocess.Popen([sys.executable, "-m", "profkit", "attach", "--pid",
-                                    str(recipe.pid), "--duration", str(args.seconds), "--out",
-                                    str(out), "--no-report", "--collectors", "all"], cwd=ROOT,
-                                   stdout=subprocess.DEVNULL)
+        profkit = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "profkit",
+                "attach",
+                "--pid",
+                str(recipe.pid),
+                "--duration",
+                str(args.seconds),
+                "--out",
+                str(out),
+                "--no-report",
+                "--collectors",
+                "all",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
         names: dict[int, str] = {}
         while profkit.poll() is None:
             peaks["profkit"] = max(peaks.get("profkit", 0), peak_kib(profkit.pid))

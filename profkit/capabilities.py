@@ -241,10 +241,15 @@ def check_tracefs() -> Check:
             if (directory / "uprobe_events").exists():
                 return Check("tracefs", OK, f"{directory}")
         except PermissionError:
-            return Check("tracefs", MISSING, f"{directory} is not readable by this user",
-                         "run as root")
-    return Check("tracefs", MISSING, "not mounted: uprobes cannot be listed or cleaned",
-                 "mount -t tracefs nodev /sys/kernel/tracing")
+            return Check(
+                "tracefs", MISSING, f"{directory} is not readable by this user", "run as root"
+            )
+    return Check(
+        "tracefs",
+        MISSING,
+        "not mounted: uprobes cannot be listed or cleaned",
+        "mount -t tracefs nodev /sys/kernel/tracing",
+    )
 
 
 def check_uprobes() -> Check:

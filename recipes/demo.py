@@ -74,11 +74,24 @@ def serving_demo(cores: float, duration: float, out: Path) -> int:
             for path in procs:
                 Path(path).write_text(str(os.getpid()))
 
-        command = [sys.executable, "-u", "-m", "recipes.mm_serving.front", "--transport",
-                   "shm-torch", "--threads", "8", "--port", str(port), "--model-size", "448"]
+        command = [
+            sys.executable,
+            "-u",
+            "-m",
+            "recipes.mm_serving.front",
+            "--transport",
+            "shm-torch",
+            "--threads",
+            "8",
+            "--port",
+            str(port),
+            "--model-size",
+            "448",
+        ]
         print("\n$ " + " ".join(command[1:]) + f"   (in a {cores:g}-core quota)", flush=True)
-        front = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                                 preexec_fn=join if procs else None)
+        front = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=join if procs else None
+        )
         assert front.stdout is not None
         print(front.stdout.readline().rstrip(), flush=True)
         url = f"http://127.0.0.1:{port}"
@@ -93,8 +106,9 @@ def serving_demo(cores: float, duration: float, out: Path) -> int:
         driver.start()
         try:
             time.sleep(1.0)
-            return profkit("attach", "--pid", str(front.pid), "--duration", str(duration),
-                           "--out", str(out))
+            return profkit(
+                "attach", "--pid", str(front.pid), "--duration", str(duration), "--out", str(out)
+            )
         finally:
             stop.set()
             driver.join(timeout=60)
@@ -108,8 +122,11 @@ def main() -> int:
     parser.add_argument("--cores", type=float, default=0.5)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--out", default="profkit-sessions/demo")
-    parser.add_argument("--skip-serving", action="store_true",
-                        help="profile only the copy loop, not the serving recipe")
+    parser.add_argument(
+        "--skip-serving",
+        action="store_true",
+        help="profile only the copy loop, not the serving recipe",
+    )
     args = parser.parse_args()
     profkit("doctor")
     with contextlib.ExitStack() as stack:
@@ -140,8 +157,7 @@ def main() -> int:
         finally:
             recipe.send_signal(signal.SIGINT)
             print(recipe.communicate(timeout=30)[0].strip().splitlines()[-1], flush=True)
-    print(f"\nthe bundle is in {args.out}; re-analyse it without root: "
-          f"profkit report {args.out}")
+    print(f"\nthe bundle is in {args.out}; re-analyse it without root: profkit report {args.out}")
     if not args.skip_serving:
         serving_out = Path(args.out + "-serving")
         if serving_out.exists():

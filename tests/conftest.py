@@ -131,8 +131,20 @@ def run_profkit(
     )
 
 
-def attach(pid: int, out: Path, *extra: str, env: dict[str, str] | None = None,
-           duration: float = 4.0) -> subprocess.CompletedProcess[str]:
+def attach(
+    pid: int, out: Path, *extra: str, env: dict[str, str] | None = None, duration: float = 4.0
+) -> subprocess.CompletedProcess[str]:
     """`profkit attach` without the report, as the tests run it."""
-    return run_profkit("attach", "--pid", str(pid), "--duration", str(duration), "--out",
-                       str(out), "--no-report", *extra, env=env, timeout=180)
+    return run_profkit(
+        "attach",
+        "--pid",
+        str(pid),
+        "--duration",
+        str(duration),
+        "--out",
+        str(out),
+        "--no-report",
+        *extra,
+        env=env,
+        timeout=180,
+    )

@@ -27,19 +27,26 @@ NOBODY = 65534
 SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def profkit_in(cwd: Path, *args: str, user: int | None = None
-               ) -> subprocess.CompletedProcess[str]:
+def profkit_in(cwd: Path, *args: str, user: int | None = None) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "profkit", *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
     if user is not None:
         # The virtualenv's interpreter may live under root's home; the system one with the
         # virtualenv's packages on the path runs the same code as another user.
         site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
-        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups",
-                   "--inh-caps=-all", SYSTEM_PYTHON, "-m", "profkit", *args]
+        command = [
+            "setpriv",
+            f"--reuid={user}",
+            f"--regid={user}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            SYSTEM_PYTHON,
+            "-m",
+            "profkit",
+            *args,
+        ]
         env["PYTHONPATH"] = f"{ROOT}:{site}"
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env=env)
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -71,10 +78,11 @@ CASES = {
     "negative pid": (["attach", "--pid", "-5"], EXIT_NO_SUCH_PROCESS),
     "duration zero": (["attach", "--pid", "{python}", "--duration", "0"], EXIT_USAGE),
     "duration negative": (["attach", "--pid", "{python}", "--duration", "-2"], EXIT_USAGE),
-    "unknown collector": (["attach", "--pid", "{python}", "--collectors", "ebpf,strace"],
-                          EXIT_USAGE),
-    "non-python process": (["attach", "--pid", "{sleeper}", "--duration", "1"],
-                           EXIT_NOT_PYTHON),
+    "unknown collector": (
+        ["attach", "--pid", "{python}", "--collectors", "ebpf,strace"],
+        EXIT_USAGE,
+    ),
+    "non-python process": (["attach", "--pid", "{sleeper}", "--duration", "1"], EXIT_NOT_PYTHON),
     "garbage option": (["attach", "--pid", "{python}", "--frobnicate"], EXIT_USAGE),
     "rate out of range": (["attach", "--pid", "{python}", "--rate", "0"], EXIT_USAGE),
 }
@@ -83,8 +91,10 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_case(case: str, tmp_path: Path, python_target, sleeper) -> None:  # type: ignore[no-untyped-def]
     args, code = CASES[case]
-    args = [a.replace("{python}", str(python_target.pid)).replace("{sleeper}", str(sleeper.pid))
-            for a in args]
+    args = [
+        a.replace("{python}", str(python_target.pid)).replace("{sleeper}", str(sleeper.pid))
+        for a in args
+    ]
     before = sorted(p.name for p in tmp_path.iterdir())
     result = profkit_in(tmp_path, *args)
     assert result.returncode == code, result.stderr
@@ -105,8 +115,9 @@ def test_python_without_torch_is_captured_with_a_note(tmp_path: Path) -> None:
     process = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
     try:
         time.sleep(0.5)
-        result = profkit_in(tmp_path, "attach", "--pid", str(process.pid), "--duration", "1",
-                            "--out", "b")
+        result = profkit_in(
+            tmp_path, "attach", "--pid", str(process.pid), "--duration", "1", "--out", "b"
+        )
         assert result.returncode == 0, result.stderr
         assert "has no torch loaded" in result.stderr
         assert "cpu-fanout" not in result.stdout
@@ -127,8 +138,9 @@ def test_unreadable_environ_is_not_fatal(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @needs_root()
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
-@pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(),
-                    reason=f"needs {SYSTEM_PYTHON} to run profkit as another user")
+@pytest.mark.skipif(
+    not Path(SYSTEM_PYTHON).exists(), reason=f"needs {SYSTEM_PYTHON} to run profkit as another user"
+)
 def test_non_root_user(python_target) -> None:  # type: ignore[no-untyped-def]
     import tempfile
 
@@ -137,8 +149,9 @@ def test_non_root_user(python_target) -> None:  # type: ignore[no-untyped-def]
     doctor = profkit_in(tmp_path, "doctor", user=NOBODY)
     assert doctor.returncode == EXIT_CAPABILITY, doctor.stdout + doctor.stderr
     assert "CAP_SYS_PTRACE" in doctor.stdout
-    attach = profkit_in(tmp_path, "attach", "--pid", str(python_target.pid), "--duration", "1",
-                        user=NOBODY)
+    attach = profkit_in(
+        tmp_path, "attach", "--pid", str(python_target.pid), "--duration", "1", user=NOBODY
+    )
     assert attach.returncode == EXIT_PERMISSION, attach.stderr
     assert "permission denied" in one_line(attach)
     assert list(tmp_path.iterdir()) == []
@@ -152,8 +165,17 @@ def test_output_on_a_full_tmpfs(tmp_path: Path, python_target) -> None:  # type:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
     try:
         (mount / "filler").write_bytes(b"\0" * 60 * 1024)
-        result = profkit_in(tmp_path, "attach", "--pid", str(python_target.pid), "--duration",
-                            "1", "--out", str(mount / "bundle"), "--no-report")
+        result = profkit_in(
+            tmp_path,
+            "attach",
+            "--pid",
+            str(python_target.pid),
+            "--duration",
+            "1",
+            "--out",
+            str(mount / "bundle"),
+            "--no-report",
+        )
         assert result.returncode == EXIT_OUTPUT, result.stderr
         assert "No space left" in one_line(result) or "cannot write" in result.stderr
         assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]
@@ -167,8 +189,9 @@ def test_existing_nonempty_output_directory(tmp_path: Path, python_target) -> No
     out = tmp_path / "b"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    result = profkit_in(tmp_path, "attach", "--pid", str(python_target.pid), "--duration", "1",
-                        "--out", str(out))
+    result = profkit_in(
+        tmp_path, "attach", "--pid", str(python_target.pid), "--duration", "1", "--out", str(out)
+    )
     assert result.returncode == EXIT_OUTPUT
     assert "exists and is not empty" in one_line(result)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]

@@ -240,8 +240,9 @@ def test_perf_samples_only_the_cpus_the_target_may_use(start_recipe, tmp_path: P
 def test_thread_scope_keeps_perf_data(start_recipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "2")
     out = tmp_path / "b"
-    result = attach(recipe.pid, out, "--collectors", "perf_record", "--perf-scope", "thread",
-                    duration=2.0)
+    result = attach(
+        recipe.pid, out, "--collectors", "perf_record", "--perf-scope", "thread", duration=2.0
+    )
     assert result.returncode == 0, result.stderr
     record = json.loads((out / "manifest.json").read_text())["collectors"]["perf_record"]
     assert record["notes"]["scope"] == "thread" and "perf.data" in record["files"]

@@ -68,13 +68,21 @@ def copies_per_s(recipe, seconds: float) -> float:  # type: ignore[no-untyped-de
 
 
 def test_attach_detach_thirty_times(start_recipe, tmp_path: Path) -> None:
-    recipe = start_recipe("shm_fanout.py", "--threads", "8", "--report-every", "0.1",
-                          warmup=1.0)
+    recipe = start_recipe("shm_fanout.py", "--threads", "8", "--report-every", "0.1", warmup=1.0)
     before = copies_per_s(recipe, 3.0)
     for index in range(30):
         out = tmp_path / f"b{index}"
-        result = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "0.3", "--out",
-                             str(out), "--no-report", timeout=120)
+        result = run_profkit(
+            "attach",
+            "--pid",
+            str(recipe.pid),
+            "--duration",
+            "0.3",
+            "--out",
+            str(out),
+            "--no-report",
+            timeout=120,
+        )
         assert result.returncode == 0, (index, result.stderr)
         assert "T" not in states(recipe.pid) and "t" not in states(recipe.pid)
         assert recipe.process.poll() is None
@@ -86,9 +94,25 @@ def test_attach_detach_thirty_times(start_recipe, tmp_path: Path) -> None:
 
 def _attach_background(pid: int, out: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "profkit", "attach", "--pid", str(pid), "--duration", "60",
-         "--out", str(out), "--no-report", *extra], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "profkit",
+            "attach",
+            "--pid",
+            str(pid),
+            "--duration",
+            "60",
+            "--out",
+            str(out),
+            "--no-report",
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_capturing(out: Path, process: subprocess.Popen[str], timeout: float = 60) -> None:
@@ -121,8 +145,17 @@ def test_signal_to_profkit_at_a_random_moment(start_recipe, tmp_path: Path, sig)
         # Killed outright: the tools die with it, and the next run cleans up and says so.
         assert manifest["status"] == "capturing"
         time.sleep(0.5)
-        later = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "0.3", "--out",
-                            str(tmp_path / "next"), "--no-report", timeout=120)
+        later = run_profkit(
+            "attach",
+            "--pid",
+            str(recipe.pid),
+            "--duration",
+            "0.3",
+            "--out",
+            str(tmp_path / "next"),
+            "--no-report",
+            timeout=120,
+        )
         assert later.returncode == 0, later.stderr
         assert "was killed; cleaned up" in later.stderr
         manifest = json.loads((out / "manifest.json").read_text())
@@ -141,9 +174,25 @@ def test_signal_to_a_child_tool(start_recipe, tmp_path: Path, tool: str, sig) ->
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     process = subprocess.Popen(
-        [sys.executable, "-m", "profkit", "attach", "--pid", str(recipe.pid), "--duration",
-         "4", "--out", str(out), "--no-report", *ALL], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "profkit",
+            "attach",
+            "--pid",
+            str(recipe.pid),
+            "--duration",
+            "4",
+            "--out",
+            str(out),
+            "--no-report",
+            *ALL,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_capturing(out, process)
     time.sleep(random.Random(f"{tool}{sig}").uniform(0.3, 1.5))
     name = {"pyspy": "py-spy", "perf_record": "perf record", "perf_stat": "perf stat"}[tool]
@@ -176,19 +225,30 @@ def test_target_killed_mid_capture(start_recipe, tmp_path: Path) -> None:
 
 
 def test_target_execs_mid_capture(tmp_path: Path) -> None:
-    script = ("import os, time, torch\n"
-              "torch.set_num_threads(4)\n"
-              "x = torch.rand(1 << 20)\n"
-              "print('ready', flush=True)\n"
-              "end = time.time() + 4\n"
-              "while time.time() < end: x.add_(1)\n"
-              "os.execv('/bin/sleep', ['sleep', '20'])\n")
+    script = (
+        "import os, time, torch\n"
+        "torch.set_num_threads(4)\n"
+        "x = torch.rand(1 << 20)\n"
+        "print('ready', flush=True)\n"
+        "end = time.time() + 4\n"
+        "while time.time() < end: x.add_(1)\n"
+        "os.execv('/bin/sleep', ['sleep', '20'])\n"
+    )
     target = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert target.stdout is not None and target.stdout.readline().startswith("ready")
         out = tmp_path / "b"
-        result = run_profkit("attach", "--pid", str(target.pid), "--duration", "30", "--out",
-                             str(out), "--no-report", timeout=120)
+        result = run_profkit(
+            "attach",
+            "--pid",
+            str(target.pid),
+            "--duration",
+            "30",
+            "--out",
+            str(out),
+            "--no-report",
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["status"] == "target exec'd"
@@ -215,8 +275,19 @@ def test_reused_pid_is_refused_at_capture(start_recipe, tmp_path: Path) -> None:
 def test_bundle_stays_under_max_size(start_recipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
-    result = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "2", "--out",
-                         str(out), "--no-report", "--max-size", "0.25", timeout=120)
+    result = run_profkit(
+        "attach",
+        "--pid",
+        str(recipe.pid),
+        "--duration",
+        "2",
+        "--out",
+        str(out),
+        "--no-report",
+        "--max-size",
+        "0.25",
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     size = sum(p.stat().st_size for p in out.iterdir())
     assert size <= 0.25 * 1024 * 1024, size
@@ -231,8 +302,17 @@ def test_no_shell_sees_the_target_command_line(tmp_path: Path) -> None:
     target = subprocess.Popen([sys.executable, "-c", "import time, torch; time.sleep(30)", evil])
     try:
         time.sleep(2.0)
-        result = run_profkit("attach", "--pid", str(target.pid), "--duration", "1", "--out",
-                             str(tmp_path / "b"), "--no-report", timeout=120)
+        result = run_profkit(
+            "attach",
+            "--pid",
+            str(target.pid),
+            "--duration",
+            "1",
+            "--out",
+            str(tmp_path / "b"),
+            "--no-report",
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr
         assert not marker.exists()
         manifest = json.loads((tmp_path / "b/manifest.json").read_text())
@@ -246,9 +326,25 @@ def test_over_the_stop_budget_pyspy_goes_nonblocking(start_recipe, tmp_path: Pat
     # 50 Hz --native on 8 threads holds the target stopped far more than 0.1% of the time.
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
-    result = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "6", "--out",
-                         str(out), "--no-report", "--collectors", "proc,pyspy", "--rate", "50",
-                         "--pyspy-mode", "native", "--stop-budget", "0.1", timeout=120)
+    result = run_profkit(
+        "attach",
+        "--pid",
+        str(recipe.pid),
+        "--duration",
+        "6",
+        "--out",
+        str(out),
+        "--no-report",
+        "--collectors",
+        "proc,pyspy",
+        "--rate",
+        "50",
+        "--pyspy-mode",
+        "native",
+        "--stop-budget",
+        "0.1",
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     decisions = manifest["budget_decisions"]
@@ -266,9 +362,21 @@ def test_auto_mode_goes_nonblocking_when_one_hertz_is_over_budget(
 ) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
-    result = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "2", "--out",
-                         str(out), "--no-report", "--collectors", "proc,pyspy",
-                         "--budget", "0.1", timeout=120)
+    result = run_profkit(
+        "attach",
+        "--pid",
+        str(recipe.pid),
+        "--duration",
+        "2",
+        "--out",
+        str(out),
+        "--no-report",
+        "--collectors",
+        "proc,pyspy",
+        "--budget",
+        "0.1",
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "py-spy goes --nonblocking" in result.stderr and "0.1% budget" in result.stderr
     notes = json.loads((out / "manifest.json").read_text())["collectors"]["pyspy"]["notes"]
@@ -278,9 +386,21 @@ def test_auto_mode_goes_nonblocking_when_one_hertz_is_over_budget(
 def test_over_the_cpu_budget_a_collector_is_dropped(start_recipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "4")
     out = tmp_path / "b"
-    result = run_profkit("attach", "--pid", str(recipe.pid), "--duration", "7", "--out",
-                         str(out), "--no-report", "--collectors", "proc,cgroup,pyspy",
-                         "--cpu-budget", "0.0001", timeout=120)
+    result = run_profkit(
+        "attach",
+        "--pid",
+        str(recipe.pid),
+        "--duration",
+        "7",
+        "--out",
+        str(out),
+        "--no-report",
+        "--collectors",
+        "proc,cgroup,pyspy",
+        "--cpu-budget",
+        "0.0001",
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     dropped = [d for d in manifest["budget_decisions"] if d["action"] == "drop"]

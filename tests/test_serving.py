@@ -48,9 +48,24 @@ def test_ppm_round_trip_keeps_pixels_that_look_like_whitespace() -> None:
 def test_front_and_scheduler_answer_correctly(transport: str) -> None:
     port = free_port()
     front = subprocess.Popen(
-        [sys.executable, "-u", "-m", "recipes.mm_serving.front", "--transport", transport,
-         "--port", str(port), "--model-size", "224", "--threads", "2"], cwd=ROOT,
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-u",
+            "-m",
+            "recipes.mm_serving.front",
+            "--transport",
+            transport,
+            "--port",
+            str(port),
+            "--model-size",
+            "224",
+            "--threads",
+            "2",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert front.stdout is not None
         assert front.stdout.readline().startswith("ready")
@@ -69,15 +84,22 @@ def test_front_and_scheduler_answer_correctly(transport: str) -> None:
             want = expected(answer["seed"], 256, 224)
             assert answer["result"] == pytest.approx(want, rel=1e-4, abs=1e-5)
         # Every segment was unlinked by the scheduler.
-        assert not [n for n in os.listdir("/dev/shm") if n.startswith("psm_") and
-                    Path(f"/dev/shm/{n}").stat().st_mtime > time.time() - 5]
+        assert not [
+            n
+            for n in os.listdir("/dev/shm")
+            if n.startswith("psm_") and Path(f"/dev/shm/{n}").stat().st_mtime > time.time() - 5
+        ]
     finally:
         front.send_signal(2)
         front.wait(timeout=30)
 
 
-ARMS = (Arm("A", "shm-torch", "8"), Arm("B", "shm-torch", "auto"), Arm("C", "shm-numpy", "8"),
-        Arm("D", "shm-numpy", "auto"))
+ARMS = (
+    Arm("A", "shm-torch", "8"),
+    Arm("B", "shm-torch", "auto"),
+    Arm("C", "shm-numpy", "8"),
+    Arm("D", "shm-numpy", "auto"),
+)
 
 
 def test_plan_runs_every_arm_once_per_round_in_shuffled_order() -> None:
@@ -90,16 +112,31 @@ def test_plan_runs_every_arm_once_per_round_in_shuffled_order() -> None:
 
 
 def _run(arm: str, throughput: float, p50: float, finding: str) -> dict:
-    load = {"throughput_rps": throughput, "latency_p50_ms": p50, "latency_p99_ms": 2 * p50,
-            "front_cpu_pct": 100.0, "scheduler_cpu_pct": 10.0, "errors": 0}
-    return {"arm": arm, "load": load, "top_finding": finding,
-            "findings": [{"id": finding, "severity": "high"}]}
+    load = {
+        "throughput_rps": throughput,
+        "latency_p50_ms": p50,
+        "latency_p99_ms": 2 * p50,
+        "front_cpu_pct": 100.0,
+        "scheduler_cpu_pct": 10.0,
+        "errors": 0,
+    }
+    return {
+        "arm": arm,
+        "load": load,
+        "top_finding": finding,
+        "findings": [{"id": finding, "severity": "high"}],
+    }
 
 
 def test_summary_medians_and_spread() -> None:
-    runs = [_run("A", 10, 900, "cpu-fanout"), _run("A", 12, 800, "cpu-fanout"),
-            _run("A", 30, 100, "cpu-fanout"), _run("B", 100, 90, "none"),
-            _run("B", 120, 80, "none"), _run("B", 110, 85, "none")]
+    runs = [
+        _run("A", 10, 900, "cpu-fanout"),
+        _run("A", 12, 800, "cpu-fanout"),
+        _run("A", 30, 100, "cpu-fanout"),
+        _run("B", 100, 90, "none"),
+        _run("B", 120, 80, "none"),
+        _run("B", 110, 85, "none"),
+    ]
     rows = {row["arm"]: row for row in summarise(runs, ARMS[:2])}
     assert rows["A"]["throughput_rps"] == 12 and rows["A"]["throughput_rps_min"] == 10
     assert rows["A"]["throughput_rps_max"] == 30 and rows["A"]["latency_p50_ms"] == 800
@@ -120,10 +157,12 @@ def test_config_file_loads() -> None:
 def test_run_cap_threads_sets_the_pool_from_the_quota(start_recipe, tmp_path: Path) -> None:
     from profkit.sandbox import quota_group
 
-    script = ("import os, time, torch\n"
-              "print('ready', os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads(),"
-              " flush=True)\n"
-              "time.sleep(30)\n")
+    script = (
+        "import os, time, torch\n"
+        "print('ready', os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads(),"
+        " flush=True)\n"
+        "time.sleep(30)\n"
+    )
     with quota_group(1.5) as group:
         procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs]
 
@@ -132,10 +171,32 @@ def test_run_cap_threads_sets_the_pool_from_the_quota(start_recipe, tmp_path: Pa
                 Path(path).write_text(str(os.getpid()))
 
         result = subprocess.run(
-            [sys.executable, "-m", "profkit", "run", "--cap-threads", "--delay", "2",
-             "--duration", "1", "--collectors", "proc", "--out", str(tmp_path / "b"),
-             "--no-report", "--", sys.executable, "-c", script],
-            cwd=ROOT, capture_output=True, text=True, timeout=120, preexec_fn=join)
+            [
+                sys.executable,
+                "-m",
+                "profkit",
+                "run",
+                "--cap-threads",
+                "--delay",
+                "2",
+                "--duration",
+                "1",
+                "--collectors",
+                "proc",
+                "--out",
+                str(tmp_path / "b"),
+                "--no-report",
+                "--",
+                sys.executable,
+                "-c",
+                script,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=join,
+        )
     assert result.returncode == 0, result.stderr
     assert "OMP_NUM_THREADS=1" in result.stderr and "= 1.5 CPUs set by" in result.stderr
     assert "ready 1 1" in result.stdout

@@ -81,8 +81,12 @@ def analyse(bundle: Bundle) -> Report:
         pool_reports.append(PoolReport(pool, cpu.cores_of(workers), regions, activity, attribution))
         for finding in (
             fanout(_pool_recon(recon, pool, cpu), pool, activity, attribution, budget),
-            oversubscription(pool.team_size, f"{len(pool.workers)} workers seen + the "
-                             "dispatcher", cpu.cores_of(workers), quota),
+            oversubscription(
+                pool.team_size,
+                f"{len(pool.workers)} workers seen + the dispatcher",
+                cpu.cores_of(workers),
+                quota,
+            ),
             spin(pool, activity, _pool_recon(recon, pool, cpu)),
         ):
             if finding:
@@ -93,8 +97,11 @@ def analyse(bundle: Bundle) -> Report:
         # is set to. (With perf or eBPF, seeing no worker means the team is one thread.)
         configured = int(target.get("pool_threads") or 0)
         source = f"configured: {target.get('pool_threads_source', 'unknown')}"
-        finding = oversubscription(configured, source, 0.0, quota) if \
-            target.get("openmp_runtime") else None
+        finding = (
+            oversubscription(configured, source, 0.0, quota)
+            if target.get("openmp_runtime")
+            else None
+        )
         if finding:
             findings.append(finding)
     extra = blind_spot(recon)

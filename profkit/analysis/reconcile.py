@@ -46,8 +46,13 @@ class Reconciliation:
         return 100.0 * abs(self.unexplained_cores) / self.process_cores
 
 
-def reconcile(cpu: CpuWindow, roles: tuple[ThreadRole, ...], spans: PySpySpans | None,
-              window: tuple[int, int], perf: PerfSamples | None = None) -> Reconciliation:
+def reconcile(
+    cpu: CpuWindow,
+    roles: tuple[ThreadRole, ...],
+    spans: PySpySpans | None,
+    window: tuple[int, int],
+    perf: PerfSamples | None = None,
+) -> Reconciliation:
     """Split the process's CPU into Python, native-under-Python, pool workers and other threads.
 
     "py-spy sampled" is the CPU of the threads py-spy can see (the Python threads), over the
@@ -57,9 +62,16 @@ def reconcile(cpu: CpuWindow, roles: tuple[ThreadRole, ...], spans: PySpySpans |
     or native, leaving out samples waiting in a blocking call).
     """
     by_tid = {r.tid: r for r in roles}
-    threads = tuple(ThreadShare(t.tid, t.name, by_tid[t.tid].role if t.tid in by_tid else OTHER,
-                                by_tid[t.tid].pool if t.tid in by_tid else None,
-                                t.cpu_seconds / cpu.seconds) for t in cpu.threads)
+    threads = tuple(
+        ThreadShare(
+            t.tid,
+            t.name,
+            by_tid[t.tid].role if t.tid in by_tid else OTHER,
+            by_tid[t.tid].pool if t.tid in by_tid else None,
+            t.cpu_seconds / cpu.seconds,
+        )
+        for t in cpu.threads
+    )
     python_part = native_part = sampled = 0.0
     for share in (t for t in threads if t.role == PYTHON):
         fraction_python, coverage = 1.0, 0.0
@@ -70,8 +82,9 @@ def reconcile(cpu: CpuWindow, roles: tuple[ThreadRole, ...], spans: PySpySpans |
             mine = spans.tid == share.tid
             native = np.repeat(spans.span_native[mine], span_sample_counts(spans, mine))[keep]
             stacks = stacks[keep][native == 1]
-            active = [int(s) for s in stacks if not _idle_leaf(spans, int(s))] or \
-                [int(s) for s in stacks]
+            active = [int(s) for s in stacks if not _idle_leaf(spans, int(s))] or [
+                int(s) for s in stacks
+            ]
             if active:
                 fraction_python = float(np.mean([_leaf_is_python(spans, s) for s in active]))
         from_perf = _perf_python_fraction(perf, share.tid, window)
@@ -84,17 +97,24 @@ def reconcile(cpu: CpuWindow, roles: tuple[ThreadRole, ...], spans: PySpySpans |
     other = sum(t.cores for t in threads if t.role == OTHER)
     explained = python_part + native_part + pool + other
     return Reconciliation(
-        window_seconds=cpu.seconds, process_cores=cpu.process_cores,
-        python_sampled_cores=sampled, python=python_part, native_in_python_threads=native_part,
-        pool_workers=pool, other=other, unexplained_cores=cpu.process_cores - explained,
-        threads=tuple(sorted(threads, key=lambda t: -t.cores)))
+        window_seconds=cpu.seconds,
+        process_cores=cpu.process_cores,
+        python_sampled_cores=sampled,
+        python=python_part,
+        native_in_python_threads=native_part,
+        pool_workers=pool,
+        other=other,
+        unexplained_cores=cpu.process_cores - explained,
+        threads=tuple(sorted(threads, key=lambda t: -t.cores)),
+    )
 
 
 INTERPRETER = re.compile(r"libpython|/python3(\.\d+)?$|/bin/python")
 
 
-def _perf_python_fraction(perf: PerfSamples | None, tid: int, window: tuple[int, int]
-                          ) -> float | None:
+def _perf_python_fraction(
+    perf: PerfSamples | None, tid: int, window: tuple[int, int]
+) -> float | None:
     """Share of a thread's on-CPU perf samples whose user-space leaf is the interpreter."""
     if perf is None:
         return None
@@ -103,8 +123,11 @@ def _perf_python_fraction(perf: PerfSamples | None, tid: int, window: tuple[int,
         return None
     interpreted = 0
     for stack_id in perf.stack[mask]:
-        user = [dso for _, dso in (perf.frames[i] for i in perf.stacks[int(stack_id)])
-                if dso != "[kernel.kallsyms]"]
+        user = [
+            dso
+            for _, dso in (perf.frames[i] for i in perf.stacks[int(stack_id)])
+            if dso != "[kernel.kallsyms]"
+        ]
         interpreted += bool(user) and bool(INTERPRETER.search(user[-1]))
     return interpreted / int(mask.sum())
 

@@ -112,8 +112,10 @@ def classify(
             # No native evidence at all: OpenMP workers keep the process's own thread name,
             # while most other libraries name their threads. Weaker, and said so.
             pool = "openmp"
-            evidence = ("inferred from /proc: an unnamed non-Python thread in a process that "
-                        "maps an OpenMP runtime (no perf or eBPF data)")
+            evidence = (
+                "inferred from /proc: an unnamed non-Python thread in a process that "
+                "maps an OpenMP runtime (no perf or eBPF data)"
+            )
         if pool is None:
             roles.append(ThreadRole(tid, name, OTHER, None, "no pool runtime seen"))
             continue

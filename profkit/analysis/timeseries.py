@@ -17,8 +17,14 @@ class Series:
     values: tuple[float, ...]
 
 
-def _rate(t_ns: np.ndarray, counter: np.ndarray, start: int, scale: float, bin_s: float,
-          end: int | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def _rate(
+    t_ns: np.ndarray,
+    counter: np.ndarray,
+    start: int,
+    scale: float,
+    bin_s: float,
+    end: int | None = None,
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-bin rate of a cumulative counter sampled at t_ns, over the window."""
     if len(t_ns) < 2:
         return (), ()
@@ -40,8 +46,9 @@ def series(report: Report, bin_s: float = 0.5) -> list[Series]:
     proc = bundle.proc
     if proc is not None:
         per_tick = 1 / float(proc.clock_ticks)
-        t, v = _rate(proc.process_t_ns, proc.process_ticks.astype(float), start, per_tick, bin_s,
-                     end)
+        t, v = _rate(
+            proc.process_t_ns, proc.process_ticks.astype(float), start, per_tick, bin_s, end
+        )
         out.append(Series("process CPU", "cores", t, v))
         workers = {w for p in report.pools for w in p.pool.workers}
         if workers:
@@ -50,8 +57,9 @@ def series(report: Report, bin_s: float = 0.5) -> list[Series]:
             for tid in workers:
                 rows = proc.tid == tid
                 if rows.any():
-                    total += np.interp(times, proc.t_ns[rows], proc.cpu_ticks[rows].astype(float),
-                                       left=0.0)
+                    total += np.interp(
+                        times, proc.t_ns[rows], proc.cpu_ticks[rows].astype(float), left=0.0
+                    )
             t, v = _rate(times, total, start, per_tick, bin_s, end)
             out.append(Series("pool CPU", "cores", t, v))
     cg = bundle.cgroup
@@ -59,7 +67,8 @@ def series(report: Report, bin_s: float = 0.5) -> list[Series]:
         # The share of periods throttled per bin: the rate of one counter over the other's.
         _, periods = _rate(cg.t_ns, cg.nr_periods.astype(float), start, 1.0, bin_s, end)
         t, throttled = _rate(cg.t_ns, cg.nr_throttled.astype(float), start, 1.0, bin_s, end)
-        pct = tuple(100 * th / p if p > 0 else 0.0 for th, p in zip(throttled, periods,
-                                                                      strict=True))
+        pct = tuple(
+            100 * th / p if p > 0 else 0.0 for th, p in zip(throttled, periods, strict=True)
+        )
         out.append(Series("throttled periods", "%", t, pct))
     return out

@@ -79,8 +79,9 @@ def render_text(report: Report) -> str:
                 )
                 for s in attribution.sites[:5]
             ]
-            lines.append(table(("site", "function", "op", "cores", "share"), rows,
-                               (26, 14, 20, 5, 5)))
+            lines.append(
+                table(("site", "function", "op", "cores", "share"), rows, (26, 14, 20, 5, 5))
+            )
             top = attribution.sites[0]
             if top.code:
                 lines.append(f"  {_short(top.site.label)}: {top.code}"[:WIDTH])

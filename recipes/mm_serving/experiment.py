@@ -83,15 +83,23 @@ def summarise(runs: list[dict], arms: tuple[Arm, ...]) -> list[dict]:
         if not mine:
             continue
         row: dict[str, object] = {"arm": arm.name, "runs": len(mine)}
-        for key in ("throughput_rps", "latency_p50_ms", "latency_p99_ms", "front_cpu_pct",
-                    "scheduler_cpu_pct", "errors"):
+        for key in (
+            "throughput_rps",
+            "latency_p50_ms",
+            "latency_p99_ms",
+            "front_cpu_pct",
+            "scheduler_cpu_pct",
+            "errors",
+        ):
             values = [float(r["load"][key]) for r in mine]
             row[key] = statistics.median(values)
             row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
         findings = [r.get("top_finding") or "none" for r in mine]
         row["top_finding"] = max(set(findings), key=findings.count)
-        sets = [", ".join(f"{f['id']} ({f['severity']})" for f in r.get("findings", []))
-                or "none" for r in mine]
+        sets = [
+            ", ".join(f"{f['id']} ({f['severity']})" for f in r.get("findings", [])) or "none"
+            for r in mine
+        ]
         row["findings"] = max(set(sets), key=sets.count)
         rows.append(row)
     return rows
@@ -99,32 +107,51 @@ def summarise(runs: list[dict], arms: tuple[Arm, ...]) -> list[dict]:
 
 def markdown(rows: list[dict], config: Config) -> str:
     quota = f"{config.quota_cores:g}-core quota" if config.quota_cores else "no quota"
-    lines = [f"Front in a {quota}, concurrency {config.concurrency}, {config.requests} requests"
-             f" per run, {config.repeats} runs per arm; medians [min-max].", "",
-             "| arm | throughput req/s | p50 ms | p99 ms | front CPU % | scheduler CPU % | "
-             "errors | profkit findings (most runs) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Front in a {quota}, concurrency {config.concurrency}, {config.requests} requests"
+        f" per run, {config.repeats} runs per arm; medians [min-max].",
+        "",
+        "| arm | throughput req/s | p50 ms | p99 ms | front CPU % | scheduler CPU % | "
+        "errors | profkit findings (most runs) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
     def cell(row: dict, key: str, digits: int = 1) -> str:
-        return (f"{row[key]:.{digits}f} [{row[f'{key}_min']:.{digits}f}-"
-                f"{row[f'{key}_max']:.{digits}f}]")
+        return (
+            f"{row[key]:.{digits}f} [{row[f'{key}_min']:.{digits}f}-{row[f'{key}_max']:.{digits}f}]"
+        )
 
     for row in rows:
-        lines.append(f"| {row['arm']} | {cell(row, 'throughput_rps')} | "
-                     f"{cell(row, 'latency_p50_ms', 0)} | {cell(row, 'latency_p99_ms', 0)} | "
-                     f"{cell(row, 'front_cpu_pct', 0)} | {cell(row, 'scheduler_cpu_pct', 0)} | "
-                     f"{row['errors']:.0f} | "
-                     f"{row['findings']} |")
+        lines.append(
+            f"| {row['arm']} | {cell(row, 'throughput_rps')} | "
+            f"{cell(row, 'latency_p50_ms', 0)} | {cell(row, 'latency_p99_ms', 0)} | "
+            f"{cell(row, 'front_cpu_pct', 0)} | {cell(row, 'scheduler_cpu_pct', 0)} | "
+            f"{row['errors']:.0f} | "
+            f"{row['findings']} |"
+        )
     base = next((r for r in rows if r["arm"] == rows[0]["arm"]), None)
     if base and len(rows) > 1:
         lines.append("")
         for row in rows[1:]:
-            ratio = row["throughput_rps"] / base["throughput_rps"] if base["throughput_rps"] \
+            ratio = (
+                row["throughput_rps"] / base["throughput_rps"]
+                if base["throughput_rps"]
                 else float("nan")
-            low = row["throughput_rps_min"] / base["throughput_rps_max"] if \
-                base["throughput_rps_max"] else float("nan")
-            high = row["throughput_rps_max"] / base["throughput_rps_min"] if \
-                base["throughput_rps_min"] else float("nan")
-            lines.append(f"- {row['arm']} vs {base['arm']}: {ratio:.2f}x throughput "
-                         f"(spread {low:.2f}-{high:.2f}x)")
+            )
+            low = (
+                row["throughput_rps_min"] / base["throughput_rps_max"]
+                if base["throughput_rps_max"]
+                else float("nan")
+            )
+            high = (
+                row["throughput_rps_max"] / base["throughput_rps_min"]
+                if base["throughput_rps_min"]
+                else float("nan")
+            )
+            lines.append(
+                f"- {row['arm']} vs {base['arm']}: {ratio:.2f}x throughput "
+                f"(spread {low:.2f}-{high:.2f}x)"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -135,8 +162,18 @@ def free_port() -> int:
 
 
 def start_front(arm: Arm, config: Config, port: int, procs: list[str]) -> subprocess.Popen:
-    command = [sys.executable, "-u", "-m", "recipes.mm_serving.front", "--transport",
-               arm.transport, "--port", str(port), "--model-size", str(config.model_size)]
+    command = [
+        sys.executable,
+        "-u",
+        "-m",
+        "recipes.mm_serving.front",
+        "--transport",
+        arm.transport,
+        "--port",
+        str(port),
+        "--model-size",
+        str(config.model_size),
+    ]
     if arm.threads == "auto":
         command.append("--autothreads")
     elif arm.threads != "default":
@@ -146,8 +183,9 @@ def start_front(arm: Arm, config: Config, port: int, procs: list[str]) -> subpro
         for path in procs:
             Path(path).write_text(str(os.getpid()))
 
-    front = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                             preexec_fn=join if procs else None)
+    front = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=join if procs else None
+    )
     assert front.stdout is not None
     line = front.stdout.readline()
     if not line.startswith("ready"):
@@ -182,41 +220,64 @@ def one_run(arm: Arm, round_index: int, config: Config, out: Path) -> dict:
                 procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs]
         front = start_front(arm, config, port, procs)
         try:
-            asyncio.run(run_load(url, config.concurrency, config.warmup, 10_000,
-                                 config.image_size))
-            measured, _ = asyncio.run(run_load(url, config.concurrency, config.requests,
-                                               config.seed, config.image_size))
+            asyncio.run(run_load(url, config.concurrency, config.warmup, 10_000, config.image_size))
+            measured, _ = asyncio.run(
+                run_load(url, config.concurrency, config.requests, config.seed, config.image_size)
+            )
             bundle = out / "bundles" / f"{arm.name.split(':')[0].strip()}-{round_index}"
             finding = profile(front.pid, url, config, bundle)
         finally:
             stop(front)
-    return {"arm": arm.name, "round": round_index, "arm_config": asdict(arm),
-            "load": asdict(measured), **finding}
+    return {
+        "arm": arm.name,
+        "round": round_index,
+        "arm_config": asdict(arm),
+        "load": asdict(measured),
+        **finding,
+    }
 
 
 def profile(pid: int, url: str, config: Config, bundle: Path) -> dict:
     """profkit attached to the front while a second load runs; its top finding."""
-    command = [sys.executable, "-m", "profkit", "attach", "--pid", str(pid), "--duration",
-               str(config.profile_seconds), "--out", str(bundle), "--no-report"]
+    command = [
+        sys.executable,
+        "-m",
+        "profkit",
+        "attach",
+        "--pid",
+        str(pid),
+        "--duration",
+        str(config.profile_seconds),
+        "--out",
+        str(bundle),
+        "--no-report",
+    ]
     if config.profile_collectors:
         command += ["--collectors", config.profile_collectors]
-    attach = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+    attach = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + config.profile_seconds + 30
     while attach.poll() is None and time.monotonic() < deadline:
-        asyncio.run(run_load(url, config.concurrency, config.concurrency * 2, 20_000,
-                             config.image_size))
+        asyncio.run(
+            run_load(url, config.concurrency, config.concurrency * 2, 20_000, config.image_size)
+        )
     attach.wait(timeout=120)
-    report = subprocess.run([sys.executable, "-m", "profkit", "report", str(bundle),
-                             "--format", "json"], cwd=ROOT, capture_output=True, text=True)
+    report = subprocess.run(
+        [sys.executable, "-m", "profkit", "report", str(bundle), "--format", "json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if report.returncode != 0:
         return {"top_finding": None, "profkit_error": report.stderr.strip()[-300:]}
     data = json.loads(report.stdout)
     findings = data["findings"]
-    return {"top_finding": findings[0]["id"] if findings else None,
-            "findings": [{k: f[k] for k in ("id", "severity", "summary", "fix")}
-                         for f in findings],
-            "bundle": str(bundle)}
+    return {
+        "top_finding": findings[0]["id"] if findings else None,
+        "findings": [{k: f[k] for k in ("id", "severity", "summary", "fix")} for f in findings],
+        "bundle": str(bundle),
+    }
 
 
 def reanalyse(path: Path, config: Config) -> int:
@@ -226,12 +287,17 @@ def reanalyse(path: Path, config: Config) -> int:
         bundle = run.get("bundle")
         if not bundle or not Path(bundle).exists():
             continue
-        report = subprocess.run([sys.executable, "-m", "profkit", "report", bundle, "--format",
-                                 "json"], cwd=ROOT, capture_output=True, text=True)
+        report = subprocess.run(
+            [sys.executable, "-m", "profkit", "report", bundle, "--format", "json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         findings = json.loads(report.stdout)["findings"] if report.returncode == 0 else []
         run["top_finding"] = findings[0]["id"] if findings else None
-        run["findings"] = [{k: f[k] for k in ("id", "severity", "summary", "fix")}
-                           for f in findings]
+        run["findings"] = [
+            {k: f[k] for k in ("id", "severity", "summary", "fix")} for f in findings
+        ]
     data["summary"] = summarise(data["runs"], config.arms)
     path.write_text(json.dumps(data, indent=2))
     table = markdown(data["summary"], config)
@@ -244,11 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=Path("experiment-results"))
-    parser.add_argument("--table-from", type=Path,
-                        help="only re-render the table of an earlier experiment.json")
-    parser.add_argument("--reanalyse", type=Path,
-                        help="re-run profkit report on the saved bundles of an experiment.json "
-                        "and rewrite its findings and table")
+    parser.add_argument(
+        "--table-from", type=Path, help="only re-render the table of an earlier experiment.json"
+    )
+    parser.add_argument(
+        "--reanalyse",
+        type=Path,
+        help="re-run profkit report on the saved bundles of an experiment.json "
+        "and rewrite its findings and table",
+    )
     args = parser.parse_args(argv)
     config = Config.load(args.config)
     if args.table_from:
@@ -265,13 +335,17 @@ def main(argv: list[str] | None = None) -> int:
         # Written after every run, so that an interrupted experiment keeps what it measured.
         (args.out / "experiment.partial.json").write_text(json.dumps(runs, indent=2))
         load = run["load"]
-        print(f"round {round_index + 1} {arm.name}: {load['throughput_rps']:.1f} req/s, p50 "
-              f"{load['latency_p50_ms']:.0f} ms, front CPU {load['front_cpu_pct']:.0f}%, "
-              f"finding {run.get('top_finding')}", flush=True)
+        print(
+            f"round {round_index + 1} {arm.name}: {load['throughput_rps']:.1f} req/s, p50 "
+            f"{load['latency_p50_ms']:.0f} ms, front CPU {load['front_cpu_pct']:.0f}%, "
+            f"finding {run.get('top_finding')}",
+            flush=True,
+        )
     rows = summarise(runs, config.arms)
     table = markdown(rows, config)
-    (args.out / "experiment.json").write_text(json.dumps(
-        {"config": asdict(config), "runs": runs, "summary": rows}, indent=2))
+    (args.out / "experiment.json").write_text(
+        json.dumps({"config": asdict(config), "runs": runs, "summary": rows}, indent=2)
+    )
     (args.out / "experiment.md").write_text(table)
     print(table)
     return 0

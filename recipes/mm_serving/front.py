@@ -55,8 +55,10 @@ class Front:
         self.requests = context.Queue()
         self.responses = context.Queue()
         self.scheduler = context.Process(
-            target=run_scheduler, daemon=True,
-            args=(self.requests, self.responses, args.scheduler_threads, self.device))
+            target=run_scheduler,
+            daemon=True,
+            args=(self.requests, self.responses, args.scheduler_threads, self.device),
+        )
         self.pending: dict[int, tuple[asyncio.Future, object]] = {}
         self.ids = itertools.count()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -98,9 +100,14 @@ class Front:
         return web.json_response({"id": request_id, "result": result})
 
     async def info(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "front_pid": os.getpid(), "scheduler_pid": self.scheduler_pid,
-            "transport": self.args.transport, "front_threads": torch.get_num_threads()})
+        return web.json_response(
+            {
+                "front_pid": os.getpid(),
+                "scheduler_pid": self.scheduler_pid,
+                "transport": self.args.transport,
+                "front_threads": torch.get_num_threads(),
+            }
+        )
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -136,8 +143,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model-size", type=int, default=448, help="resize target in pixels")
     parser.add_argument("--threads", type=int, default=0, help="front torch threads (0: keep)")
-    parser.add_argument("--autothreads", action="store_true",
-                        help="size the front's pools from its cgroup quota (profkit.autothreads)")
+    parser.add_argument(
+        "--autothreads",
+        action="store_true",
+        help="size the front's pools from its cgroup quota (profkit.autothreads)",
+    )
     parser.add_argument("--scheduler-threads", type=int, default=1)
     return parser.parse_args(argv)
 
@@ -155,12 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     front = Front(args)
     front.start_scheduler()
-    print(f"ready mm_serving front pid={os.getpid()} scheduler={front.scheduler_pid} "
-          f"transport={args.transport} threads={torch.get_num_threads()} port={args.port}",
-          flush=True)
+    print(
+        f"ready mm_serving front pid={os.getpid()} scheduler={front.scheduler_pid} "
+        f"transport={args.transport} threads={torch.get_num_threads()} port={args.port}",
+        flush=True,
+    )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
-    web.run_app(front.app(), host=args.host, port=args.port, print=None,
-                handle_signals=True)
+    web.run_app(front.app(), host=args.host, port=args.port, print=None, handle_signals=True)
     return 0
 
 

@@ -55,8 +55,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-async def run_load(url: str, concurrency: int, requests: int, seed: int, image_size: int,
-                   timeout_s: float = 120.0) -> tuple[LoadResult, list[dict]]:
+async def run_load(
+    url: str, concurrency: int, requests: int, seed: int, image_size: int, timeout_s: float = 120.0
+) -> tuple[LoadResult, list[dict]]:
     images = [make_image(seed + i, image_size, image_size) for i in range(requests)]
     latencies: list[float] = []
     answers: list[dict] = []
@@ -103,13 +104,17 @@ async def run_load(url: str, concurrency: int, requests: int, seed: int, image_s
         front = cpu_seconds(info["front_pid"]) - front_before
         scheduler = cpu_seconds(info["scheduler_pid"]) - scheduler_before
     result = LoadResult(
-        concurrency=concurrency, requests=requests, errors=errors, seconds=seconds,
+        concurrency=concurrency,
+        requests=requests,
+        errors=errors,
+        seconds=seconds,
         throughput_rps=len(latencies) / seconds if seconds else 0.0,
         latency_p50_ms=1000 * percentile(latencies, 50),
         latency_p99_ms=1000 * percentile(latencies, 99),
         front_cpu_pct=100 * front / seconds if seconds else 0.0,
         scheduler_cpu_pct=100 * scheduler / seconds if seconds else 0.0,
-        error_samples=tuple(error_samples))
+        error_samples=tuple(error_samples),
+    )
     return result, answers
 
 
@@ -146,8 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--image-size", type=int, default=512)
-    parser.add_argument("--steady", action="store_true",
-                        help="load until interrupted at the first --concurrency; print progress")
+    parser.add_argument(
+        "--steady",
+        action="store_true",
+        help="load until interrupted at the first --concurrency; print progress",
+    )
     args = parser.parse_args(argv)
     if args.steady:
         with contextlib.suppress(KeyboardInterrupt):
@@ -155,13 +163,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = []
     for concurrency in args.concurrency:
-        result, _ = asyncio.run(run_load(args.url, concurrency, args.requests, args.seed,
-                                         args.image_size))
+        result, _ = asyncio.run(
+            run_load(args.url, concurrency, args.requests, args.seed, args.image_size)
+        )
         results.append(asdict(result))
-        print(f"concurrency {concurrency}: {result.throughput_rps:.1f} req/s, p50 "
-              f"{result.latency_p50_ms:.0f} ms, p99 {result.latency_p99_ms:.0f} ms, front CPU "
-              f"{result.front_cpu_pct:.0f}%, scheduler CPU {result.scheduler_cpu_pct:.0f}%, "
-              f"errors {result.errors}", file=sys.stderr)
+        print(
+            f"concurrency {concurrency}: {result.throughput_rps:.1f} req/s, p50 "
+            f"{result.latency_p50_ms:.0f} ms, p99 {result.latency_p99_ms:.0f} ms, front CPU "
+            f"{result.front_cpu_pct:.0f}%, scheduler CPU {result.scheduler_cpu_pct:.0f}%, "
+            f"errors {result.errors}",
+            file=sys.stderr,
+        )
     print(json.dumps(results, indent=2))
     return 0
 

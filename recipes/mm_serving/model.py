@@ -31,10 +31,10 @@ def decode_ppm(data: bytes) -> torch.Tensor:
     fields: list[bytes] = []
     position = 0
     while len(fields) < 4:
-        while position < len(data) and data[position:position + 1].isspace():
+        while position < len(data) and data[position : position + 1].isspace():
             position += 1
         end = position
-        while end < len(data) and not data[end:end + 1].isspace():
+        while end < len(data) and not data[end : end + 1].isspace():
             end += 1
         if end == position:
             raise ValueError("truncated PPM header")
@@ -50,8 +50,9 @@ def decode_ppm(data: bytes) -> torch.Tensor:
 def preprocess(image: torch.Tensor, size: int) -> torch.Tensor:
     """Resize, normalise and patchify into pixel_values (patches, 3 * PATCH * PATCH)."""
     x = image.unsqueeze(0).to(torch.float32) / 255.0
-    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear",
-                                        align_corners=False)[0]
+    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)[
+        0
+    ]
     x = (x - MEAN) / STD
     patches = x.unfold(1, PATCH, PATCH).unfold(2, PATCH, PATCH)  # 3, gh, gw, P, P
     return patches.permute(1, 2, 0, 3, 4).reshape(-1, 3 * PATCH * PATCH).contiguous()
@@ -64,8 +65,11 @@ class VisionStep(torch.nn.Module):
         super().__init__()
         generator = torch.Generator().manual_seed(WEIGHT_SEED)
         self.embed = torch.nn.Linear(3 * PATCH * PATCH, HIDDEN)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(HIDDEN, HIDDEN * 2), torch.nn.GELU(),
-                                       torch.nn.Linear(HIDDEN * 2, HIDDEN))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(HIDDEN, HIDDEN * 2),
+            torch.nn.GELU(),
+            torch.nn.Linear(HIDDEN * 2, HIDDEN),
+        )
         with torch.no_grad():
             for parameter in self.parameters():
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
