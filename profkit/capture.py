@@ -122,7 +122,7 @@ LONG_STOP_S = 0.06
 def wait_until_attached(target: Target, clock: Clock, timeout_s: float = 3.0) -> None:
     """Start the window once py-spy's attach pause is over, so that the window measures
     sampling and not attaching. A --native attach holds the target stopped once for a long
-    while (0.27-0.29 s measured on 2 cores, while py-spy reads libtorch's symbols), before or
+    while (0.27-0.31 s measured on 2 cores, while py-spy reads libtorch's symbols), before or
     after a few short stops; per-sample stops are a few ms. So the window waits for a stop that
     lasted at least LONG_STOP_S to end and then for 50 ms without one; a target small enough
     to be mapped faster simply waits out the timeout."""
