@@ -32,7 +32,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             type=int,
             default=None,
             help="py-spy sampling rate in Hz (default: up to 10, chosen from the target's "
-            "thread and CPU counts so that --native's pauses cost it at most --stop-budget).",
+            "thread and CPU counts so that --native's pauses cost it at most --budget).",
         ),
         click.option(
             "--pyspy-mode",
@@ -41,7 +41,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             show_default=True,
             help="native: native frames, the target stopped per sample (needed to tell call "
             "sites apart reliably); nonblocking: never stopped, sites placed by time only; "
-            "auto: native unless even 1 Hz of it would exceed --stop-budget.",
+            "auto: native unless even 1 Hz of it would exceed --budget.",
         ),
         click.option(
             "--budget",
