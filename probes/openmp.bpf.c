@@ -1,5 +1,6 @@
 // OpenMP parallel regions of one process: uprobes on the fork entry point of its own runtime
-// (GOMP_parallel in libgomp, __kmpc_fork_call in libiomp5), entry and return. Regions go to an
+// (GOMP_parallel in libgomp, __kmpc_fork_call in libiomp5) and where the region ends (the
+// points are chosen for a cheap trap: profkit/probe_points.py). Regions go to an
 // array read in bulk after the capture: a server can start thousands a second, and waking
 // profkit for each one (a perf buffer) cost 0.035 cores on a 2-CPU machine, taken from the target.
 // REGION_CAPACITY is substituted by profkit before compiling.
@@ -22,12 +23,21 @@ BPF_HISTOGRAM(duration_us_log2, int, 64);
 BPF_HASH(per_thread, u32, u64, 16384);
 BPF_ARRAY(region_log, struct region, REGION_CAPACITY);
 BPF_ARRAY(region_count, u64, 1);
+BPF_ARRAY(entry_count, u64, 1);  // against region_count: regions whose end was never seen
+
+static inline void count_entry(void) {
+    u32 zero = 0;
+    u64 *entries = entry_count.lookup(&zero);
+    if (entries)
+        __sync_fetch_and_add(entries, 1);
+}
 
 // GOMP_parallel(fn, data, num_threads, flags): 0 threads means "the runtime's setting".
 int on_gomp_parallel(struct pt_regs *ctx) {
     u32 tid = bpf_get_current_pid_tgid();
     struct region_start start = {bpf_ktime_get_ns(), (u32)PT_REGS_PARM3(ctx)};
     open_regions.update(&tid, &start);
+    count_entry();
     return 0;
 }
 
@@ -36,6 +46,7 @@ int on_kmpc_fork_call(struct pt_regs *ctx) {
     u32 tid = bpf_get_current_pid_tgid();
     struct region_start start = {bpf_ktime_get_ns(), 0};
     open_regions.update(&tid, &start);
+    count_entry();
     return 0;
 }
 

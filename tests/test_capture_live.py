@@ -98,6 +98,32 @@ def test_region_count_matches_copies(fanout_capture) -> None:  # type: ignore[no
     assert abs(regions - copies) <= 0.05 * copies, (regions, copies)
 
 
+def test_region_ends_follow_the_workers_copy_work(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+    """The end probe sits after the team's final barrier: every region the entry probe saw
+    ends, and the workers' samples in the copy kernel fall inside a region."""
+    out, recipe = fanout_capture
+    ebpf = json.loads((out / "ebpf.json").read_text())
+    assert any("region end" in a for a in ebpf["attached"]), ebpf["attached"]
+    assert ebpf["region_entries"] - len(ebpf["regions"]["tid"]) <= 2, ebpf["region_entries"]
+    bundle = load_bundle(out)
+    assert bundle.sched is not None and bundle.perf is not None
+    order = np.argsort(bundle.sched.region_start)
+    starts, ends = bundle.sched.region_start[order], bundle.sched.region_end[order]
+    times = [
+        int(t)
+        for t, tid, stack in zip(bundle.perf.t_ns, bundle.perf.tid, bundle.perf.stack, strict=True)
+        if int(tid) != recipe.pid
+        and any(
+            "direct_copy_kernel" in bundle.perf.frames[f][0]
+            for f in bundle.perf.stacks[int(stack)]
+        )
+    ]
+    assert len(times) >= 20
+    index = np.searchsorted(starts, times, side="right") - 1
+    inside = [i >= 0 and t <= ends[i] for i, t in zip(index, times, strict=True)]
+    assert sum(inside) >= 0.9 * len(times), (sum(inside), len(times))
+
+
 def test_main_thread_wakes_the_workers(fanout_capture) -> None:  # type: ignore[no-untyped-def]
     out, recipe = fanout_capture
     bundle = load_bundle(out)

@@ -19,6 +19,7 @@ from .. import procfs
 from ..bccload import BccUnavailable, load_bcc
 from ..budget import sched_trace_share
 from ..clock import Clock
+from ..probe_points import entry_point, gomp_region_end
 from ..returns import return_sites
 from ..target import Runtime, Target
 from .base import Availability, CaptureContext, CollectorResult
@@ -169,10 +170,17 @@ class EbpfCollector:
         bpf = bcc.BPF(text=program.source())  # type: ignore[attr-defined]
         self._bpf.append(bpf)
         self._openmp_bpf = bpf
-        returns = return_sites(path, symbol)
+        entry = entry_point(path, symbol)
+        end = gomp_region_end(path) if symbol == "GOMP_parallel" else None
+        returns = None if end else return_sites(path, symbol)
         try:
-            bpf.attach_uprobe(name=path, sym=symbol, fn_name=handler, pid=pid)
-            if returns:
+            if entry:
+                bpf.attach_uprobe(name=path, addr=entry.address, fn_name=handler, pid=pid)
+            else:
+                bpf.attach_uprobe(name=path, sym=symbol, fn_name=handler, pid=pid)
+            if end:
+                bpf.attach_uprobe(name=path, addr=end.address, fn_name="on_region_return", pid=pid)
+            elif returns:
                 # A uprobe on each `ret` rather than a uretprobe: see profkit/returns.py.
                 for address in returns:
                     bpf.attach_uprobe(name=path, addr=address, fn_name="on_region_return", pid=pid)
@@ -186,8 +194,16 @@ class EbpfCollector:
         except Exception as exc:  # a stripped or unusual runtime: the rest still works
             self.warnings.append(f"uprobe on {symbol} in {path} failed: {exc}")
             return
-        self.attached.append(f"uprobe:{path}:{symbol}")
-        if returns:
+        self.attached.append(
+            f"uprobe:{path}:{entry.address:#x} ({symbol} entry, {entry.instruction})"
+            if entry
+            else f"uprobe:{path}:{symbol}"
+        )
+        if end:
+            self.attached.append(
+                f"uprobe:{path}:{end.address:#x} (region end, after the team barrier)"
+            )
+        elif returns:
             self.attached += [
                 f"uprobe:{path}:{address:#x} (return of {symbol})" for address in returns
             ]
@@ -231,7 +247,11 @@ class EbpfCollector:
             self._read_slices(sched)
             payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]  # type: ignore[index]
         if self._openmp_bpf is not None:
-            self._read_regions(self._openmp_bpf)
+            # One snapshot of both counters, then the log up to it: the target goes on
+            # starting regions while the log is read.
+            entries, ended = self._check_ends(self._openmp_bpf)
+            self._read_regions(self._openmp_bpf, ended)
+            payload["region_entries"] = entries
             hist = self._openmp_bpf["duration_us_log2"]  # type: ignore[index]
             payload["histogram_us_log2"] = {
                 str(k.value): v.value for k, v in hist.items() if v.value
@@ -271,15 +291,29 @@ class EbpfCollector:
             },
         )
 
-    def _read_regions(self, bpf: object) -> None:
+    def _check_ends(self, bpf: object) -> tuple[int, int]:
+        """Regions entered and ended so far; warns when ends went unseen."""
+        entries = int(bpf["entry_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+        ended = int(bpf["region_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+        still_open = len(bpf["open_regions"])  # type: ignore[index]
+        missed = entries - ended - still_open
+        if missed > max(5, entries // 100):
+            self.warnings.append(
+                f"{missed} of {entries} OpenMP regions ended where the end probe did not see "
+                "them: region times are incomplete"
+            )
+        return entries, ended
+
+    def _read_regions(self, bpf: object, count: int) -> None:
         """Copy the in-kernel region log out in one batch, after the window."""
-        for _, v in _read_log(bpf, "region_log", "region_count", self.lost, "regions"):
+        for _, v in _read_log(bpf, "region_log", count, self.lost, "regions"):
             for key in ("start_ns", "end_ns", "tid", "requested"):
                 self.regions[key].append(getattr(v, key))
 
     def _read_slices(self, sched: object) -> None:
         """Copy the in-kernel slice log out in one batch, after the window."""
-        for _, v in _read_log(sched, "slice_log", "slice_count", self.lost, "slices"):
+        count = sched["slice_count"][ctypes.c_int(0)].value  # type: ignore[index]
+        for _, v in _read_log(sched, "slice_log", count, self.lost, "slices"):
             self.slices["start_ns"].append(v.start_ns)
             self.slices["end_ns"].append(v.end_ns)
             self.slices["tid"].append(v.tid)
@@ -294,9 +328,8 @@ class EbpfCollector:
                 bpf.cleanup()  # type: ignore[attr-defined]
 
 
-def _read_log(bpf: object, log_name: str, count_name: str, lost: dict[str, int], which: str):  # type: ignore[no-untyped-def]
-    """The used entries of an in-kernel array log, in the order they were written."""
-    count = bpf[count_name][ctypes.c_int(0)].value  # type: ignore[index]
+def _read_log(bpf: object, log_name: str, count: int, lost: dict[str, int], which: str):  # type: ignore[no-untyped-def]
+    """The first `count` entries of an in-kernel array log, in the order they were written."""
     log = bpf[log_name]  # type: ignore[index]
     capacity = len(log)
     used = min(count, capacity)
