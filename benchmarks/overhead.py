@@ -164,6 +164,12 @@ def profkit_notes(manifest: dict) -> str:
     if ebpf.get("status") == "ok" and "scheduler tracepoints skipped" in ebpf.get("reason", ""):
         notes.append("sched not traced")
     notes += [f"{d['action']} {d['collector']}" for d in manifest["budget_decisions"]]
+    window = manifest["window"]
+    seconds = (window["end_ns"] - window["start_ns"]) / 1e9
+    if "tools_cpu_s" in window and seconds > 0:
+        notes.append(f"tools {window['tools_cpu_s'] / seconds:.3f} cores")
+    if "startup" in manifest:
+        notes.append(f"start-up {manifest['startup']['tools_cpu_s']:.2f} s CPU")
     return ", ".join(notes)
 
 

@@ -29,6 +29,7 @@ from .collectors.base import CaptureContext, Collector, CollectorResult
 from .errors import CaptureFailed, CgroupError, UsageError
 from .quota_report import diagnose
 from .runs import RunRecord
+from .startup import tools_cpu_seconds, wait_for_tools_to_settle, wait_until_attached
 from .target import Target, ensure_same, pool_threads
 
 # Start order: the slow eBPF compile first, so that it does not eat into the window.
@@ -106,43 +107,6 @@ def teardown_shielded() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-def _stopped_threads(target: Target) -> int:
-    stopped = 0
-    for tid in procfs.list_tids(target.pid):
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            stopped += procfs.read_stat(target.pid, tid).state in ("t", "T")
-    return stopped
-
-
-LONG_STOP_S = 0.06
-
-
-def wait_until_attached(target: Target, clock: Clock, timeout_s: float = 3.0) -> None:
-    """Start the window once py-spy's attach pause is over, so that the window measures
-    sampling and not attaching. A --native attach holds the target stopped once for a long
-    while (0.27-0.31 s measured on 2 cores, while py-spy reads libtorch's symbols), before or
-    after a few short stops; per-sample stops are a few ms. So the window waits for a stop that
-    lasted at least LONG_STOP_S to end and then for 50 ms without one; a target small enough
-    to be mapped faster simply waits out the timeout."""
-    begin = clock()
-    stopped_since: int | None = None
-    long_stop_over_at: int | None = None
-    while (now := clock()) - begin < timeout_s * NS_PER_S:
-        try:
-            stopped = _stopped_threads(target)
-        except FileNotFoundError:
-            return
-        if stopped:
-            stopped_since = stopped_since or now
-        else:
-            if stopped_since is not None and now - stopped_since >= LONG_STOP_S * NS_PER_S:
-                long_stop_over_at = now
-            stopped_since = None
-            if long_stop_over_at is not None and now - long_stop_over_at >= 0.05 * NS_PER_S:
-                return
-        threading.Event().wait(0.005)
 
 
 def target_state(target: Target) -> str | None:
@@ -245,6 +209,7 @@ def _capture(
         record.add_child,
     )
     results: dict[str, CollectorResult] = {}
+    tools_cpu_before = tools_cpu_seconds(record)
     running = _start_collectors(request, context, results)
     if not running:
         raise CaptureFailed(
@@ -252,8 +217,10 @@ def _capture(
         )
     if "pyspy" in running and request.options.get("pyspy_mode") != "nonblocking":
         wait_until_attached(target, request.clock)
+    settle_s = wait_for_tools_to_settle(record, request.clock)
     status, reason = "complete", ""
     window_start = request.clock()
+    tools_cpu_start = tools_cpu_seconds(record)
     monitor = BudgetMonitor(request.budget, window_start)
     dropped: dict[str, str] = {}
     with stop_on_signals(stop) as received:
@@ -275,6 +242,7 @@ def _capture(
             status = "partial"
             reason = f"stopped early by {received[0]}" if received else "stopped early"
     window_end = request.clock()
+    tools_cpu_window = tools_cpu_seconds(record) - tools_cpu_start
     with teardown_shielded():
         for name in reversed(list(running)):
             try:
@@ -300,8 +268,15 @@ def _capture(
                 "start_ns": window_start,
                 "end_ns": window_end,
                 "requested_s": request.duration_s,
+                # What profkit and its tools spent while the window was open: on a saturated
+                # machine this is CPU the target did not get.
+                "tools_cpu_s": round(max(0.0, tools_cpu_window), 4),
             },
             "collectors": {n: collector_record(results[n]) for n in ALL_COLLECTORS if n in results},
+            "startup": {
+                "tools_cpu_s": round(tools_cpu_start - tools_cpu_before, 3),
+                "settle_s": round(settle_s, 3),
+            },
             "budget_decisions": [vars(d) for d in monitor.decisions],
             "dropped_for_size": degraded,
         }

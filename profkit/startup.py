@@ -1,0 +1,86 @@
+"""Open the window once the tools have finished starting, and say what starting cost.
+
+Starting is the costly part of several tools: py-spy --native holds the target stopped while it
+reads libtorch's symbols, perf record reads the maps of every process on the machine (0.13 s of
+CPU measured on the serving recipe, then nothing measurable at 49 Hz), bcc compiles its
+programs. A window opened before they are done would judge the sampling by the start-up; the
+start-up's own CPU goes to the manifest instead (`startup.tools_cpu_s`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+from . import procfs
+from .clock import NS_PER_S, Clock
+from .runs import RunRecord
+from .target import Target
+
+# Settled: profkit and its tools together used less than this over the last poll interval.
+# The /proc sampler alone uses about 0.01 cores (64 threads, 2 CPUs).
+SETTLED_CORES = 0.05
+SETTLE_POLL_S = 0.2  # /proc counts CPU in 10-ms ticks: one tick here is 0.05 cores
+
+
+def _stopped_threads(target: Target) -> int:
+    stopped = 0
+    for tid in procfs.list_tids(target.pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            stopped += procfs.read_stat(target.pid, tid).state in ("t", "T")
+    return stopped
+
+
+LONG_STOP_S = 0.06
+
+
+def wait_until_attached(target: Target, clock: Clock, timeout_s: float = 3.0) -> None:
+    """Start the window once py-spy's attach pause is over, so that the window measures
+    sampling and not attaching. A --native attach holds the target stopped once for a long
+    while (0.27-0.31 s measured on 2 cores, while py-spy reads libtorch's symbols), before or
+    after a few short stops; per-sample stops are a few ms. So the window waits for a stop that
+    lasted at least LONG_STOP_S to end and then for 50 ms without one; a target small enough
+    to be mapped faster simply waits out the timeout."""
+    begin = clock()
+    stopped_since: int | None = None
+    long_stop_over_at: int | None = None
+    while (now := clock()) - begin < timeout_s * NS_PER_S:
+        try:
+            stopped = _stopped_threads(target)
+        except FileNotFoundError:
+            return
+        if stopped:
+            stopped_since = stopped_since or now
+        else:
+            if stopped_since is not None and now - stopped_since >= LONG_STOP_S * NS_PER_S:
+                long_stop_over_at = now
+            stopped_since = None
+            if long_stop_over_at is not None and now - long_stop_over_at >= 0.05 * NS_PER_S:
+                return
+        threading.Event().wait(0.005)
+
+
+def tools_cpu_seconds(record: RunRecord) -> float:
+    """CPU used so far by profkit and its child tools, live and already reaped."""
+    times = os.times()
+    seconds = times.user + times.system + times.children_user + times.children_system
+    for child in record.data["children"]:  # type: ignore[union-attr]
+        with contextlib.suppress(OSError, ValueError):
+            stat = procfs.read_stat(int(child["pid"]))
+            if stat.start_ticks == child["start"]:  # not a reaped child's reused pid
+                seconds += stat.cpu_seconds
+    return seconds
+
+
+def wait_for_tools_to_settle(record: RunRecord, clock: Clock, timeout_s: float = 3.0) -> float:
+    """Wait until the tools' start-up CPU has died down; the seconds waited."""
+    begin = clock()
+    last_cpu, last_t = tools_cpu_seconds(record), begin
+    while (now := clock()) - begin < timeout_s * NS_PER_S:
+        threading.Event().wait(SETTLE_POLL_S)
+        cpu, now = tools_cpu_seconds(record), clock()
+        if (cpu - last_cpu) / max(1e-9, (now - last_t) / NS_PER_S) <= SETTLED_CORES:
+            break
+        last_cpu, last_t = cpu, now
+    return (clock() - begin) / NS_PER_S
