@@ -114,8 +114,7 @@ def test_region_ends_follow_the_workers_copy_work(fanout_capture) -> None:  # ty
         for t, tid, stack in zip(bundle.perf.t_ns, bundle.perf.tid, bundle.perf.stack, strict=True)
         if int(tid) != recipe.pid
         and any(
-            "direct_copy_kernel" in bundle.perf.frames[f][0]
-            for f in bundle.perf.stacks[int(stack)]
+            "direct_copy_kernel" in bundle.perf.frames[f][0] for f in bundle.perf.stacks[int(stack)]
         )
     ]
     assert len(times) >= 20

@@ -61,10 +61,46 @@ def test_region_end_is_a_branch_after_the_team_barrier_call() -> None:
     assert any(i.startswith("call") for i in before)
     assert not any(i.startswith(("j", "ret")) for i in before)
     # And that function holds a return of GOMP_parallel.
-    assert any(extent[0] <= r < extent[1] for r in returns.return_sites(path, "GOMP_parallel") or [])
+    ends = returns.return_sites(path, "GOMP_parallel") or []
+    assert any(extent[0] <= r < extent[1] for r in ends)
 
 
 def test_other_code_gives_no_point(tmp_path: Path) -> None:
     assert probe_points.gomp_region_end("/bin/true") is None
     assert probe_points.entry_point(str(tmp_path / "missing.so"), "GOMP_parallel") is None
     assert probe_points.gomp_region_end(str(tmp_path / "missing.so")) is None
+
+
+@needs_libgomp
+@pytest.mark.live
+@pytest.mark.timeout(180)
+def test_probe_cost_benchmark_prints_both_layouts() -> None:
+    """benchmarks/probe_cost.py on this machine: one line per probe layout, never a timing."""
+    import os
+    import subprocess
+    import sys
+
+    from profkit.bccload import BccUnavailable, load_bcc
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to load BPF programs")
+    try:
+        load_bcc()
+    except BccUnavailable as exc:
+        pytest.skip(f"bcc unavailable: {exc}")
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "benchmarks/probe_cost.py", "--rounds", "1", "--seconds", "0.3"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=True,
+    )
+    lines = [line for line in result.stdout.splitlines() if not line.startswith("#")]
+    assert [line.split(" probes:")[0].split()[:-1] for line in lines] == [
+        ["symbol", "+", "each", "ret"],
+        ["emulated", "points"],
+    ]
+    for line in lines:
+        assert "us per region" in line and "ratio" in line

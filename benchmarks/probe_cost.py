@@ -1,0 +1,97 @@
+"""What the OpenMP region probes cost per region, by where they sit (needs root and bcc).
+
+    sudo .venv/bin/python benchmarks/probe_cost.py [--rounds 3] [--seconds 2] [--threads 2]
+
+This process copies a 256-KB tensor in a loop (one parallel region per copy, a few us each) and
+alternates bare windows with windows where profkit's region program is attached to itself, for
+each probe layout: the symbol and its `ret`s (the old way), and the points
+profkit/probe_points.py chooses. Prints the time per copy and the added time per region.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from profkit.bccload import load_bcc
+from profkit.collectors.ebpf import OpenMPProgram
+from profkit.probe_points import entry_point, gomp_region_end
+from profkit.returns import return_sites
+from profkit.target import Runtime
+
+
+def copies_per_s(source: torch.Tensor, destination: torch.Tensor, seconds: float) -> float:
+    done, begin = 0, time.perf_counter()
+    while True:
+        for _ in range(200):
+            destination.copy_(source)
+        done += 200
+        now = time.perf_counter()
+        if now - begin >= seconds:
+            return done / (now - begin)
+
+
+def layouts(path: str) -> dict[str, tuple[dict, list[int]]]:
+    """name -> (attach_uprobe arguments of the entry, addresses of the end probes)."""
+    found: dict[str, tuple[dict, list[int]]] = {}
+    returns = return_sites(path, "GOMP_parallel")
+    if returns:
+        found["symbol + each ret"] = ({"sym": "GOMP_parallel"}, returns)
+    entry, end = entry_point(path, "GOMP_parallel"), gomp_region_end(path)
+    if entry and end:
+        found["emulated points"] = ({"addr": entry.address}, [end.address])
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    bcc = load_bcc()
+    torch.set_num_threads(args.threads)
+    libs = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
+    if not libs:
+        raise SystemExit("this torch bundles no libgomp")
+    path = os.path.realpath(libs[0])
+    source = torch.ones(256 * 1024, dtype=torch.uint8)
+    destination = torch.empty_like(source)
+    copies_per_s(source, destination, 1.0)
+    shown = Path(path).relative_to(Path(torch.__file__).parent.parent)
+    print(f"# {shown}, {args.threads} threads, {args.rounds} rounds of {args.seconds:g} s")
+    for name, (entry, ends) in layouts(path).items():
+        bare, probed = [], []
+        for _ in range(args.rounds):
+            bare.append(copies_per_s(source, destination, args.seconds))
+            bpf = bcc.BPF(text=OpenMPProgram(Runtime("libgomp", path)).source())
+            try:
+                bpf.attach_uprobe(name=path, fn_name="on_gomp_parallel", pid=os.getpid(), **entry)
+                for address in ends:
+                    bpf.attach_uprobe(
+                        name=path, addr=address, fn_name="on_region_return", pid=os.getpid()
+                    )
+                probed.append(copies_per_s(source, destination, args.seconds))
+            finally:
+                bpf.cleanup()
+        per_bare = 1e6 / statistics.median(bare)
+        per_probed = 1e6 / statistics.median(probed)
+        print(
+            f"{name:<20} {len(ends) + 1} probes: {per_bare:6.2f} us/copy bare, "
+            f"{per_probed:6.2f} probed, +{per_probed - per_bare:5.2f} us per region, "
+            f"ratio {per_bare / per_probed:.3f}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
