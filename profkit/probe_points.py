@@ -34,6 +34,17 @@ REGISTER_PUSH = re.compile(r"^push[q]?\s+%r\w+$")
 NOPS = ("nop", "nopl", "nopw", "xchg   %ax,%ax")
 
 
+# What one hit costs the thread that takes it, measured as above; used to judge a target's
+# region rate before the probes stay on.
+EMULATED_HIT_S = 1.0e-6
+STEPPED_HIT_S = 10.3e-6
+
+
+def hit_cost_s(point: ProbePoint | None) -> float:
+    """A probe on this point; None is a symbol's start or a `ret`, which are single-stepped."""
+    return EMULATED_HIT_S if point is not None and is_emulated(point.instruction) else STEPPED_HIT_S
+
+
 @dataclass(frozen=True)
 class ProbePoint:
     address: int

@@ -76,7 +76,11 @@ def test_two_call_sites_are_told_apart(start_recipe, tmp_path: Path) -> None:
 def test_two_call_sites_without_the_scheduler_traced(start_recipe, tmp_path: Path) -> None:
     # What a busy machine gets: region uprobes, but no sched tracepoints (weights by length).
     recipe = start_recipe("two_sites.py", "--threads", "8", warmup=1.0)
-    report = profile(recipe.pid, tmp_path / "b", "--ebpf-sched", "off", duration=6.0)
+    # py-spy at 10 Hz: the default rate (a few Hz, fitted to the budget) leaves too few samples
+    # inside regions in 6 s for a >= 90% test of the weighting.
+    report = profile(
+        recipe.pid, tmp_path / "b", "--ebpf-sched", "off", "--rate", "10", duration=6.0
+    )
     ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
     assert ebpf["sched"]["traced"] is False and ebpf["regions"]["tid"]
     assert not any(a.startswith("tracepoint:") for a in ebpf["attached"])

@@ -27,13 +27,60 @@ NOBODY = 65534
 SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 
 
+LIST_IMPORTS = """
+import pkgutil, importlib, sys
+import profkit
+for info in pkgutil.walk_packages(profkit.__path__, "profkit."):
+    if info.name != "profkit.__main__":  # that one runs the command line
+        importlib.import_module(info.name)
+files = {getattr(m, "__file__", None) for m in list(sys.modules.values())}
+print("\\n".join(sorted(f for f in files if f)))
+"""
+
+
+def readable_copy(into: Path) -> Path:
+    """profkit and every package it imports, copied where another user can read them: the
+    checkout and its virtualenv may sit under a directory only root may enter (/root, a 0700
+    temporary directory), which the copy does not change."""
+    listed = subprocess.run(
+        [sys.executable, "-c", LIST_IMPORTS], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
+    site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+    roots = {ROOT / "profkit"}
+    for name in listed:
+        path = Path(name)
+        if path.is_relative_to(site):
+            top = site / path.relative_to(site).parts[0]
+            roots.add(top)
+            roots.add(site / f"{top.name}.libs")  # a wheel's bundled shared libraries
+    for root in roots:
+        if root.is_dir():
+            shutil.copytree(root, into / root.name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif root.suffix in (".py", ".so"):
+            shutil.copy2(root, into / root.name)
+    shutil.copytree(ROOT / "probes", into / "profkit" / "probes", dirs_exist_ok=True)
+    for dist in site.glob("*.dist-info"):  # importlib.metadata reads versions from these
+        shutil.copytree(dist, into / dist.name)
+    for path in [into, *into.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return into
+
+
 def profkit_in(cwd: Path, *args: str, user: int | None = None) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "profkit", *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
     if user is not None:
-        # The virtualenv's interpreter may live under root's home; the system one with the
-        # virtualenv's packages on the path runs the same code as another user.
-        site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+        # The virtualenv's interpreter may live under root's home; the system one with a
+        # readable copy of profkit and its packages on the path runs the same code as another
+        # user.
+        import tempfile
+
+        site = Path(tempfile.mkdtemp(prefix="profkit-code-"))
+        try:
+            readable_copy(site)
+        except BaseException:
+            shutil.rmtree(site, ignore_errors=True)
+            raise
         command = [
             "setpriv",
             f"--reuid={user}",
@@ -45,7 +92,13 @@ def profkit_in(cwd: Path, *args: str, user: int | None = None) -> subprocess.Com
             "profkit",
             *args,
         ]
-        env["PYTHONPATH"] = f"{ROOT}:{site}"
+        env["PYTHONPATH"] = str(site)
+        try:
+            return subprocess.run(
+                command, cwd=cwd, capture_output=True, text=True, timeout=120, env=env
+            )
+        finally:
+            shutil.rmtree(site, ignore_errors=True)
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
 
 

@@ -310,3 +310,32 @@ def test_a_busy_machine_is_not_traced_at_every_switch(start_recipe, tmp_path: Pa
     report = run_profkit("report", str(out))
     assert report.returncode == 0, report.stderr
     assert "scheduler tracepoints skipped" in report.stdout
+
+
+def test_a_flood_of_small_regions_detaches_the_region_probes(start_recipe, tmp_path: Path) -> None:
+    """64-KB copies start thousands of regions a second: at ~2 us a trap pair that is over the
+    probes' quarter of a 2% budget, so they come off and the report says so; a 50% budget
+    keeps them."""
+    recipe = start_recipe("shm_fanout.py", "--threads", "2", "--tensor-mb", "0.0625")
+    time.sleep(1.0)
+    tight, loose = tmp_path / "tight", tmp_path / "loose"
+    result = attach(recipe.pid, tight, "--collectors", "ebpf,proc", duration=2.0)
+    assert result.returncode == 0, result.stderr
+    decision = json.loads((tight / "ebpf.json").read_text())["regions_decision"]
+    if decision["expected_share"] <= 0.005:
+        pytest.skip(f"{decision['regions_per_s']} regions/s is too few on this machine")
+    assert decision["traced"] is False, decision
+    assert decision["regions_per_s"] > 1000
+    ebpf = json.loads((tight / "ebpf.json").read_text())
+    assert not ebpf["regions"]["tid"]
+    assert not any(a.startswith(("uprobe:", "uretprobe:")) for a in ebpf["attached"])
+    assert uprobes_of(recipe.pid) == ""
+    report = run_profkit("report", str(tight))
+    assert report.returncode == 0, report.stderr
+    assert "OpenMP region probes detached" in report.stdout
+    result = attach(recipe.pid, loose, "--collectors", "ebpf,proc", "--budget", "50", duration=2.0)
+    assert result.returncode == 0, result.stderr
+    kept = json.loads((loose / "ebpf.json").read_text())
+    assert kept["regions_decision"]["traced"] is True, kept["regions_decision"]
+    assert len(kept["regions"]["tid"]) > 1000
+    assert recipe.process.poll() is None, "the target keeps running"

@@ -104,3 +104,12 @@ def test_probe_cost_benchmark_prints_both_layouts() -> None:
     ]
     for line in lines:
         assert "us per region" in line and "ratio" in line
+
+
+def test_a_hit_costs_what_was_measured_for_its_kind() -> None:
+    push = probe_points.ProbePoint(0x116E4, "push   %r13")
+    ret = probe_points.ProbePoint(0x1CB2C, "ret")
+    assert probe_points.hit_cost_s(push) == probe_points.EMULATED_HIT_S
+    assert probe_points.hit_cost_s(ret) == probe_points.STEPPED_HIT_S
+    assert probe_points.hit_cost_s(None) == probe_points.STEPPED_HIT_S
+    assert probe_points.EMULATED_HIT_S * 5 < probe_points.STEPPED_HIT_S

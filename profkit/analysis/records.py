@@ -76,6 +76,7 @@ class SchedData:
     lost: int
     uprobes_attached: bool
     scheduler_traced: bool = True  # False when the tracepoints were skipped to fit the budget
+    regions_skipped: str = ""  # why the region probes were detached, when they were
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,8 @@ class Bundle:
         if self.sched is not None and not self.sched.scheduler_traced:
             reason = self.manifest.get("collectors", {}).get("ebpf", {}).get("reason", "")
             out["ebpf scheduler tracepoints"] = reason or "not traced"
+        if self.sched is not None and self.sched.regions_skipped:
+            out["ebpf OpenMP region probes"] = self.sched.regions_skipped
         return out
 
 
@@ -218,6 +221,7 @@ def _sched(directory: Path) -> SchedData | None:
             lost=int(sum(data.get("lost", {}).values())),
             uprobes_attached=any(a.startswith("uprobe:") for a in attached),
             scheduler_traced=any(a.startswith("tracepoint:sched") for a in attached),
+            regions_skipped=str((data.get("regions_decision") or {}).get("reason", "")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise BadBundle(f"ebpf.json lacks {exc}") from exc

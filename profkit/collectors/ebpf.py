@@ -19,12 +19,14 @@ from .. import procfs
 from ..bccload import BccUnavailable, load_bcc
 from ..budget import sched_trace_share
 from ..clock import Clock
-from ..probe_points import entry_point, gomp_region_end
+from ..probe_points import entry_point, gomp_region_end, hit_cost_s
 from ..returns import return_sites
 from ..target import Runtime, Target
 from .base import Availability, CaptureContext, CollectorResult
 
 NORMALISED_FILE = "ebpf.json"
+# The region probes' part of --budget; py-spy has the first three quarters (profkit/budget.py).
+REGION_PROBE_SHARE = 0.25
 
 
 def probe_source(name: str) -> str:
@@ -108,6 +110,8 @@ class EbpfCollector:
         self._sched_bpf: object | None = None
         self._openmp_bpf: object | None = None
         self.sched_decision: dict[str, object] = {}
+        self.region_decision: dict[str, object] = {}
+        self._region_hit_s = 0.0
         self._context: CaptureContext | None = None
         self.slices: dict[str, list[int]] = {
             "start_ns": [],
@@ -159,6 +163,7 @@ class EbpfCollector:
                 self.warnings.append(str(self.sched_decision["reason"]))
             if runtime is not None:
                 self._attach_openmp(bcc, OpenMPProgram(runtime), target.pid)
+                self._judge_region_rate(context)
         except Exception:
             self.cleanup()
             raise
@@ -194,6 +199,7 @@ class EbpfCollector:
         except Exception as exc:  # a stripped or unusual runtime: the rest still works
             self.warnings.append(f"uprobe on {symbol} in {path} failed: {exc}")
             return
+        self._region_hit_s = hit_cost_s(entry) + hit_cost_s(end)
         self.attached.append(
             f"uprobe:{path}:{entry.address:#x} ({symbol} entry, {entry.instruction})"
             if entry
@@ -209,6 +215,40 @@ class EbpfCollector:
             ]
         else:
             self.attached.append(f"uretprobe:{path}:{symbol}")
+
+    def _judge_region_rate(self, context: CaptureContext, seconds: float = 0.3) -> None:
+        """Count regions for a moment; detach the region probes when their traps would cost
+        the dispatching thread more than its share of the budget (a loop of small parallel
+        ops can start 100 000 regions a second: 2 us each is then 20% of its time)."""
+        bpf = self._openmp_bpf
+        if bpf is None:
+            return
+        before, start = _entries(bpf), context.clock()
+        time.sleep(seconds)
+        rate = (_entries(bpf) - before) / max(1e-9, (context.clock() - start) / 1e9)
+        budget = REGION_PROBE_SHARE * float(context.options.get("overhead_budget", "0.02"))
+        share = rate * self._region_hit_s
+        self.region_decision = {
+            "traced": share <= budget,
+            "regions_per_s": round(rate),
+            "cost_per_region_us": round(self._region_hit_s * 1e6, 1),
+            "expected_share": share,
+        }
+        if share <= budget:
+            return
+        reason = (
+            f"OpenMP region probes detached: the target started {rate:,.0f} regions a second, "
+            f"~{100 * share:.1f}% of its dispatching thread at {1e6 * self._region_hit_s:.1f} us "
+            f"per region, over their {100 * budget:g}% share of the budget; attribution falls "
+            "back to py-spy's native stacks"
+        )
+        self.region_decision["reason"] = reason
+        self.warnings.append(reason)
+        self._bpf.remove(bpf)
+        with contextlib.suppress(Exception):
+            bpf.cleanup()  # type: ignore[attr-defined]
+        self._openmp_bpf = None
+        self.attached = [a for a in self.attached if not a.startswith(("uprobe:", "uretprobe:"))]
 
     def _seed_threads(self, bpf: object, pid: int) -> None:
         times = bpf["times"]  # type: ignore[index]
@@ -265,6 +305,7 @@ class EbpfCollector:
                 "attached": self.attached,
                 "warnings": self.warnings,
                 "sched": self.sched_decision,
+                "regions_decision": self.region_decision,
                 "window": {"start_ns": self._start_ns, "end_ns": end_ns},
                 "runtime": (
                     self._context.target.openmp_runtime.path
@@ -326,6 +367,10 @@ class EbpfCollector:
             bpf = self._bpf.pop()
             with contextlib.suppress(Exception):
                 bpf.cleanup()  # type: ignore[attr-defined]
+
+
+def _entries(bpf: object) -> int:
+    return int(bpf["entry_count"][ctypes.c_int(0)].value)  # type: ignore[index]
 
 
 def _read_log(bpf: object, log_name: str, count: int, lost: dict[str, int], which: str):  # type: ignore[no-untyped-def]
