@@ -32,7 +32,8 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             type=int,
             default=None,
             help="py-spy sampling rate in Hz (default: up to 10, chosen from the target's "
-            "thread and CPU counts so that --native's pauses cost it at most --budget).",
+            "thread and CPU counts so that py-spy's pauses cost it at most half of --budget "
+            "and py-spy's own CPU a quarter).",
         ),
         click.option(
             "--pyspy-mode",
@@ -51,8 +52,9 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             default=2.0,
             show_default=True,
             help="Most % of the target's throughput profkit may cost it: sets py-spy's rate "
-            "and mode and whether the scheduler is traced; if the target is seen stopped more "
-            "than this share of its time, py-spy goes --nonblocking.",
+            "and mode, whether the scheduler is traced and whether the OpenMP region probes "
+            "stay on; if the target is seen stopped more than twice this share of its time, "
+            "py-spy goes --nonblocking.",
         ),
         click.option(
             "--ebpf-sched",
