@@ -334,7 +334,7 @@ class EbpfCollector:
 
     def _check_ends(self, bpf: object) -> tuple[int, int]:
         """Regions entered and ended so far; warns when ends went unseen."""
-        entries = int(bpf["entry_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+        entries = _entries(bpf)
         ended = int(bpf["region_count"][ctypes.c_int(0)].value)  # type: ignore[index]
         still_open = len(bpf["open_regions"])  # type: ignore[index]
         missed = entries - ended - still_open
