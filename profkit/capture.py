@@ -295,23 +295,24 @@ def _enforce_budget(
     clock: Clock,
 ) -> None:
     proc = running.get("proc")
-    share = monitor.stopped_share(proc.rows, now) if proc is not None else None  # type: ignore[attr-defined]
+    stops = monitor.stopped_share(proc.rows, now) if proc is not None else None  # type: ignore[attr-defined]
     children = [int(c["pid"]) for c in record.data["children"]]  # type: ignore[union-attr]
     cores = monitor.tool_cores([os.getpid(), *children], now)
     if not monitor.settled(now):
         return
     pyspy = running.get("pyspy")
     if (
-        share is not None
-        # Twice the budget: the default rate is chosen to sit at the budget, so a noisy
-        # estimate just over it is expected, and a restart costs py-spy's start-up CPU.
-        and share > 2 * monitor.budget.stopped_share
+        stops is not None
+        # Twice the budget, and only where the samples show it with confidence: the default
+        # rate is chosen to sit at half the budget, and a restart costs py-spy's start-up CPU.
+        and stops.lower > 2 * monitor.budget.stopped_share
         and pyspy is not None
         and "pyspy" not in dropped
     ):
         why = (
-            f"target stopped {100 * share:.1f}% of the time by py-spy, over the "
-            f"{100 * monitor.budget.stopped_share:g}% budget"
+            f"target stopped {100 * stops.share:.1f}% of the time by py-spy (at least "
+            f"{100 * stops.lower:.1f}% with 95% confidence over {stops.instants} samples), over "
+            f"twice the {100 * monitor.budget.stopped_share:g}% budget"
         )
         still = pyspy.back_off(why, now)  # type: ignore[attr-defined]
         monitor.record(clock(), "nonblocking" if still else "drop", "pyspy", why)

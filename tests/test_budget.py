@@ -10,9 +10,11 @@ from profkit.budget import (
     PYSPY_STOP_SHARE,
     Budget,
     BudgetMonitor,
+    StopEstimate,
     auto_mode,
     default_rate,
     native_sample_cost_s,
+    wilson_lower,
 )
 
 S = 1_000_000_000
@@ -73,17 +75,52 @@ def test_stopped_share_ignores_the_attach_pause_and_needs_enough_rows() -> None:
     assert monitor.stopped_share(seen, int(1.0 * S)) is None
     for tick in range(16, 26):
         seen += rows(tick * 0.1, threads=10, stopped=1)
-    share = monitor.stopped_share(seen, int(2.6 * S))
-    assert share == pytest.approx(0.1)
+    stops = monitor.stopped_share(seen, int(2.6 * S))
+    assert stops is not None and stops.share == pytest.approx(0.1) and stops.instants == 10
     assert not monitor.settled(int(2.6 * S)) and monitor.settled(int(3.0 * S))
 
 
 def test_a_change_restarts_the_judgement() -> None:
     monitor = BudgetMonitor(Budget(), started_ns=0)
     seen = [row for tick in range(20, 40) for row in rows(tick * 0.1, 10, 2)]
-    assert monitor.stopped_share(seen, int(4.0 * S)) == pytest.approx(0.2)
+    stops = monitor.stopped_share(seen, int(4.0 * S))
+    assert stops is not None and stops.share == pytest.approx(0.2)
     monitor.record(int(4.0 * S), "reduce-rate", "pyspy", "over budget")
     later = seen + [row for tick in range(41, 50) for row in rows(tick * 0.1, 10, 0)]
     # Everything until 1.5 s after the change is the new py-spy's attach: not judged.
     assert monitor.stopped_share(later, int(5.0 * S)) is None
     assert monitor.decisions[0].collector == "pyspy"
+
+
+def test_wilson_lower_bound() -> None:
+    # The textbook case: 5 of 10 gives the 95% interval 0.237-0.763.
+    assert wilson_lower(5, 10) == pytest.approx(0.2366, abs=1e-4)
+    assert wilson_lower(0, 10) == 0.0 and wilson_lower(0, 0) == 0.0
+    assert wilson_lower(10, 100) > wilson_lower(1, 10), "more draws, tighter bound"
+
+
+def judge(instants: int, stopped_at: set[int], threads: int = 18) -> StopEstimate:
+    monitor = BudgetMonitor(Budget(stopped_share=0.02), started_ns=0)
+    seen = [
+        row
+        for tick in range(instants)
+        for row in rows(2.0 + tick * 0.2, threads, threads if tick in stopped_at else 0)
+    ]
+    stops = monitor.stopped_share(seen, int((2.0 + instants * 0.2) * S))
+    assert stops is not None
+    return stops
+
+
+def test_one_sample_inside_one_stop_is_not_evidence() -> None:
+    # 2 Hz --native on 18 threads stops the target ~0.8% of the time; a 5-Hz sampler lands in
+    # one of those stops now and then. 1 of 15 reads as 6.7% but proves little.
+    stops = judge(15, {7})
+    assert stops.share == pytest.approx(1 / 15)
+    assert stops.lower < 2 * 0.02
+    assert judge(15, {3, 11}).lower < 2 * 0.02
+
+
+def test_a_target_stopped_often_is_over_the_budget_with_confidence() -> None:
+    # 50 Hz --native on 8 threads: stopped ~10% of the time, seen in a quarter of the samples.
+    assert judge(15, {1, 5, 9, 13}).lower > 2 * 0.02
+    assert judge(50, set(range(0, 50, 5))).lower > 2 * 0.02

@@ -53,8 +53,8 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             show_default=True,
             help="Most % of the target's throughput profkit may cost it: sets py-spy's rate "
             "and mode, whether the scheduler is traced and whether the OpenMP region probes "
-            "stay on; if the target is seen stopped more than twice this share of its time, "
-            "py-spy goes --nonblocking.",
+            "stay on; if the target is seen stopped more than twice this share of its time "
+            "(95% confidence), py-spy goes --nonblocking.",
         ),
         click.option(
             "--ebpf-sched",
