@@ -167,7 +167,13 @@ def profkit_notes(manifest: dict) -> str:
     window = manifest["window"]
     seconds = (window["end_ns"] - window["start_ns"]) / 1e9
     if "tools_cpu_s" in window and seconds > 0:
-        notes.append(f"tools {window['tools_cpu_s'] / seconds:.3f} cores")
+        split = " ".join(
+            f"{name} {cpu / seconds:.3f}"
+            for name, cpu in sorted(window.get("tools_cpu_by_tool_s", {}).items())
+        )
+        notes.append(
+            f"tools {window['tools_cpu_s'] / seconds:.3f} cores" + (f" [{split}]" if split else "")
+        )
     if "startup" in manifest:
         notes.append(f"start-up {manifest['startup']['tools_cpu_s']:.2f} s CPU")
     return ", ".join(notes)

@@ -29,7 +29,13 @@ from .collectors.base import CaptureContext, Collector, CollectorResult
 from .errors import CaptureFailed, CgroupError, UsageError
 from .quota_report import diagnose
 from .runs import RunRecord
-from .startup import tools_cpu_seconds, wait_for_tools_to_settle, wait_until_attached
+from .startup import (
+    cpu_spent_by_tool,
+    tools_cpu_by_process,
+    tools_cpu_seconds,
+    wait_for_tools_to_settle,
+    wait_until_attached,
+)
 from .target import Target, ensure_same, pool_threads
 
 # Start order: the slow eBPF compile first, so that it does not eat into the window.
@@ -220,7 +226,7 @@ def _capture(
     settle_s = wait_for_tools_to_settle(record, request.clock)
     status, reason = "complete", ""
     window_start = request.clock()
-    tools_cpu_start = tools_cpu_seconds(record)
+    tools_cpu_start = tools_cpu_by_process(record)
     monitor = BudgetMonitor(request.budget, window_start)
     dropped: dict[str, str] = {}
     with stop_on_signals(stop) as received:
@@ -242,7 +248,7 @@ def _capture(
             status = "partial"
             reason = f"stopped early by {received[0]}" if received else "stopped early"
     window_end = request.clock()
-    tools_cpu_window = tools_cpu_seconds(record) - tools_cpu_start
+    tools_cpu_window = cpu_spent_by_tool(tools_cpu_start, tools_cpu_by_process(record))
     with teardown_shielded():
         for name in reversed(list(running)):
             try:
@@ -270,11 +276,12 @@ def _capture(
                 "requested_s": request.duration_s,
                 # What profkit and its tools spent while the window was open: on a saturated
                 # machine this is CPU the target did not get.
-                "tools_cpu_s": round(max(0.0, tools_cpu_window), 4),
+                "tools_cpu_s": round(sum(tools_cpu_window.values()), 4),
+                "tools_cpu_by_tool_s": tools_cpu_window,
             },
             "collectors": {n: collector_record(results[n]) for n in ALL_COLLECTORS if n in results},
             "startup": {
-                "tools_cpu_s": round(tools_cpu_start - tools_cpu_before, 3),
+                "tools_cpu_s": round(sum(tools_cpu_start.values()) - tools_cpu_before, 3),
                 "settle_s": round(settle_s, 3),
             },
             "budget_decisions": [vars(d) for d in monitor.decisions],

@@ -61,16 +61,37 @@ def wait_until_attached(target: Target, clock: Clock, timeout_s: float = 3.0) ->
         threading.Event().wait(0.005)
 
 
-def tools_cpu_seconds(record: RunRecord) -> float:
-    """CPU used so far by profkit and its child tools, live and already reaped."""
+def tools_cpu_by_process(record: RunRecord) -> dict[str, float]:
+    """CPU used so far by profkit (with its reaped children) and by each live child tool,
+    keyed "profkit" and "NAME:PID"."""
     times = os.times()
-    seconds = times.user + times.system + times.children_user + times.children_system
+    by_process = {
+        "profkit": times.user + times.system + times.children_user + times.children_system
+    }
     for child in record.data["children"]:  # type: ignore[union-attr]
         with contextlib.suppress(OSError, ValueError):
             stat = procfs.read_stat(int(child["pid"]))
             if stat.start_ticks == child["start"]:  # not a reaped child's reused pid
-                seconds += stat.cpu_seconds
-    return seconds
+                by_process[f"{stat.comm}:{child['pid']}"] = stat.cpu_seconds
+    return by_process
+
+
+def tools_cpu_seconds(record: RunRecord) -> float:
+    """CPU used so far by profkit and its child tools, live and already reaped."""
+    return sum(tools_cpu_by_process(record).values())
+
+
+def cpu_spent_by_tool(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Each tool's CPU between two readings of tools_cpu_by_process, by tool name. A tool
+    reaped in between (a restarted py-spy) has its whole CPU in profkit's children's times by
+    then, so what it had at the first reading is taken back out of profkit's; what it used
+    after that stays under profkit."""
+    spent: dict[str, float] = {}
+    for key, seconds in after.items():
+        name = key.rsplit(":", 1)[0]
+        spent[name] = spent.get(name, 0.0) + seconds - before.get(key, 0.0)
+    spent["profkit"] -= sum(seconds for key, seconds in before.items() if key not in after)
+    return {name: round(max(0.0, seconds), 4) for name, seconds in spent.items()}
 
 
 def wait_for_tools_to_settle(record: RunRecord, clock: Clock, timeout_s: float = 3.0) -> float:

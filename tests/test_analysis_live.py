@@ -50,6 +50,11 @@ def test_fanout_in_half_a_core(start_recipe, tmp_path: Path) -> None:
     assert abs(parts - cpu["process_cores"]) <= 0.03 * cpu["process_cores"]
     assert cpu["closure_pct"] <= 3.0
     assert report["pools"][0]["workers"] == 7 and report["pools"][0]["team_size"] == 8
+    # Under a quota the cgroup sampler reads once per 100-ms period.
+    cgroup = json.loads((tmp_path / "b" / "cgroup.json").read_text())
+    assert cgroup["interval_s"] == 0.1
+    times = cgroup["samples"]["t_ns"]
+    assert len(times) >= 0.7 * (times[-1] - times[0]) / 0.1e9
 
 
 @pytest.mark.parametrize(
