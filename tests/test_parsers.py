@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
-from profkit.collectors.perfrecord import parse_script
+import pytest
+
+from profkit import demangle
+from profkit.collectors.perfrecord import parse_script, rename_frames
 from profkit.collectors.perfstat import parse_interval_csv
 from profkit.collectors.pyspy import normalise
 
@@ -52,6 +55,38 @@ def test_perf_script_cut_mid_line() -> None:
     cut = text[: len(text) // 2] + text[len(text) // 2 : len(text) // 2 + 7]
     parsed = parse_script(cut.splitlines(True))
     assert len(parsed["samples"]["t_ns"]) == len(parsed["samples"]["stack"])
+
+
+def test_renamed_frames_that_become_equal_are_merged() -> None:
+    parsed = {
+        "frames": [["_Z1fi", "lib.so"], ["_Z1fd", "lib.so"], ["main", "app.py"]],
+        "stacks": [[2, 0], [2, 1], [2]],
+        "samples": {
+            "t_ns": [1, 2, 3, 4],
+            "tid": [7] * 4,
+            "period_ns": [1] * 4,
+            "stack": [0, 1, 2, 0],
+        },
+        "lost": 0,
+    }
+    # Two overloads of f: their names differ only in the parameters that perf leaves out.
+    renamed = rename_frames(parsed, {"_Z1fi": "f", "_Z1fd": "f"})
+    assert renamed["frames"] == [["f", "lib.so"], ["main", "app.py"]]
+    assert renamed["stacks"] == [[1, 0], [1]]
+    assert renamed["samples"]["stack"] == [0, 0, 1, 0]
+    assert renamed["samples"]["t_ns"] == [1, 2, 3, 4] and renamed["lost"] == 0
+
+
+def test_cxxfilt_demangles_as_perf_prints() -> None:
+    if not demangle.available():
+        pytest.skip("c++filt (binutils) is not installed")
+    names = demangle.demangle(
+        ["_ZN2at6native4AVX218direct_copy_kernelERNS_18TensorIteratorBaseE", "gomp_barrier", "_Z"]
+    )
+    assert names["_ZN2at6native4AVX218direct_copy_kernelERNS_18TensorIteratorBaseE"] == (
+        "at::native::AVX2::direct_copy_kernel"
+    )
+    assert "gomp_barrier" not in names
 
 
 def test_perf_stat_interval_csv() -> None:
