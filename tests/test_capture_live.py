@@ -168,6 +168,21 @@ def test_proc_threads_sum_to_process_total(fanout_capture) -> None:  # type: ign
     assert abs(threads - total) <= 0.02 * total, (threads, total)
 
 
+def test_proc_reads_the_main_thread_often_and_every_thread_each_second(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+    out, recipe = fanout_capture
+    proc = json.loads((out / "proc.json").read_text())
+    assert (proc["interval_s"], proc["thread_interval_s"]) == (0.2, 1.0)
+    full = np.array(proc["full_t_ns"])
+    # Once a second, and once more when the window closed.
+    assert np.all(np.diff(full)[:-1] > 0.8e9) and len(full) >= 4
+    times, tids = np.array(proc["samples"]["t_ns"]), np.array(proc["samples"]["tid"])
+    main = times[tids == recipe.pid]
+    assert len(main) >= 3 * len(full), "the main thread is read at every sample"
+    for tid in set(tids.tolist()) - {recipe.pid}:
+        assert set(times[tids == tid].tolist()) <= set(full.tolist()), tid
+    assert len(proc["process"]["t_ns"]) == len(main)
+
+
 def test_pyspy_is_on_the_bundle_clock(fanout_capture) -> None:  # type: ignore[no-untyped-def]
     out, recipe = fanout_capture
     bundle = load_bundle(out)
@@ -360,3 +375,34 @@ def test_a_flood_of_small_regions_detaches_the_region_probes(start_recipe, tmp_p
     assert kept["regions_decision"]["traced"] is True, kept["regions_decision"]
     assert len(kept["regions"]["tid"]) > 1000
     assert recipe.process.poll() is None, "the target keeps running"
+
+
+def test_fast_demangling_names_every_frame_as_perf_does(start_recipe, tmp_path: Path) -> None:
+    from profkit import demangle
+    from profkit.collectors.perfrecord import parse_script, rename_frames
+    from profkit.tools import find_binary
+
+    perf = find_binary("perf")
+    if perf is None or not demangle.available():
+        pytest.skip("perf or c++filt is not installed")
+    recipe = start_recipe("shm_fanout.py", "--copy", "torch", "--threads", "4")
+    data = tmp_path / "perf.data"
+    record = [perf, "record", "-q", "-a", "-F", "99", "-g", "-o", str(data), "--", "sleep", "2"]
+    subprocess.run(record, check=True, capture_output=True)
+
+    def script(*extra: str) -> dict:
+        fields = ["--no-inline", "--pid", str(recipe.pid), "-F", "tid,time,period,ip,sym,dso"]
+        out = subprocess.run(
+            [perf, "script", "-i", str(data), *extra, *fields], capture_output=True, text=True
+        )
+        return parse_script(out.stdout.splitlines(True))
+
+    def named(parsed: dict) -> list[tuple[str, ...]]:
+        frames, stacks = parsed["frames"], parsed["stacks"]
+        return [tuple(frames[f][0] for f in stacks[s]) for s in parsed["samples"]["stack"]]
+
+    by_perf = script()
+    fast = script("--no-demangle")
+    fast = rename_frames(fast, demangle.demangle([frame[0] for frame in fast["frames"]]))
+    assert named(fast) == named(by_perf)
+    assert any(name.startswith("at::") for stack in named(by_perf) for name in stack)

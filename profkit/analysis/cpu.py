@@ -43,8 +43,9 @@ def _nearest(times: np.ndarray, t: int) -> int:
 
 
 def cpu_window(proc: ProcSeries, window: tuple[int, int]) -> CpuWindow:
-    """Per-thread and process CPU between the /proc samples nearest the window's ends."""
-    times = np.unique(proc.process_t_ns)
+    """Per-thread and process CPU between the full /proc samples (every thread read) nearest
+    the window's ends."""
+    times = proc.full_t_ns[np.isin(proc.full_t_ns, proc.process_t_ns)]
     if len(times) < 2:
         return CpuWindow(window[0], window[1], 0.0, ())
     first = int(times[_nearest(times, window[0])])

@@ -22,6 +22,7 @@ class ProcSeries:
     cpu_ticks: np.ndarray  # utime + stime
     process_t_ns: np.ndarray
     process_ticks: np.ndarray
+    full_t_ns: np.ndarray  # the sample times at which every thread was read
 
 
 @dataclass(frozen=True)
@@ -135,16 +136,21 @@ def _proc(directory: Path) -> ProcSeries | None:
         return None
     try:
         samples, process = data["samples"], data["process"]
+        t_ns = _array(samples["t_ns"], "t_ns", "proc.json")
         return ProcSeries(
             clock_ticks=int(data["clock_ticks"]),
             names={int(k): v for k, v in data["threads"].items()},
-            t_ns=_array(samples["t_ns"], "t_ns", "proc.json"),
+            t_ns=t_ns,
             tid=_array(samples["tid"], "tid", "proc.json"),
             cpu_ticks=_array(samples["utime"], "utime", "proc.json")
             + _array(samples["stime"], "stime", "proc.json"),
             process_t_ns=_array(process["t_ns"], "t_ns", "proc.json"),
             process_ticks=_array(process["utime"], "utime", "proc.json")
             + _array(process["stime"], "stime", "proc.json"),
+            # Bundles from before the split sampler read every thread at every sample.
+            full_t_ns=np.unique(
+                _array(data["full_t_ns"], "full_t_ns", "proc.json") if "full_t_ns" in data else t_ns
+            ),
         )
     except (KeyError, TypeError) as exc:
         raise BadBundle(f"proc.json lacks {exc}") from exc
