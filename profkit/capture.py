@@ -238,7 +238,9 @@ def _capture(
         deadline = window_start + int(request.duration_s * NS_PER_S)
         next_check = window_start + NS_PER_S
         while request.clock() < deadline and not stop.is_set():
-            stop.wait(min(0.2, max(0.0, (deadline - request.clock()) / NS_PER_S)))
+            # Every wake-up of profkit is CPU the target may need: twice a second is enough to
+            # see the target exit and to refresh the terminal line; a signal ends the wait.
+            stop.wait(min(0.5, max(0.0, (deadline - request.clock()) / NS_PER_S)))
             gone = target_state(target)
             if gone:
                 status, reason = gone, f"the {gone.removeprefix('target ')} during the capture"
@@ -380,7 +382,7 @@ def progress_printer(stream=sys.stderr) -> Callable[[float, dict[str, Collector]
     last = [0.0]
 
     def tick(elapsed: float, running: dict[str, Collector]) -> None:
-        if elapsed - last[0] < 0.5:
+        if elapsed - last[0] < 0.4:
             return
         last[0] = elapsed
         parts = [f"{elapsed:5.1f}s"]
