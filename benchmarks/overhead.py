@@ -11,8 +11,10 @@ machine and the differences between one process and the next (where its buffers 
 out. The table prints, per configuration, the median ratio and the min-max spread of the rounds,
 and the bare windows' own spread around their median, which is the noise floor of the run.
 
-Configurations: bare | pyspy-native-<N>hz (py-spy record --native --idle alone) |
-profkit-default[-nonblocking] | profkit-<collector>[+<collector>...][-<N>hz].
+Configurations: bare | noop (an A/A control: a child process that only sleeps, then a window
+measured like a profiled one; its ratio shows the method's own bias) | pyspy-native-<N>hz
+(py-spy record --native --idle alone) | profkit-default[-nonblocking] |
+profkit-<collector>[+<collector>...][-<N>hz].
 """
 
 from __future__ import annotations
@@ -43,13 +45,15 @@ DEFAULT_CONFIGS = (
 @dataclass(frozen=True)
 class Config:
     name: str
-    kind: str  # "pyspy" (py-spy alone) or "profkit"
+    kind: str  # "noop" (control), "pyspy" (py-spy alone) or "profkit"
     collectors: str = ""  # "" = profkit's default set
     rate: str = ""  # py-spy rate ("" = profkit's default)
     mode: str = ""  # profkit's py-spy mode ("" = profkit's default)
 
 
 def parse_config(name: str) -> Config:
+    if name == "noop":
+        return Config(name, "noop")
     if name.startswith("pyspy-native-") and name.endswith("hz"):
         return Config(name, "pyspy", rate=name.removeprefix("pyspy-native-").removesuffix("hz"))
     if not name.startswith("profkit-"):
@@ -182,6 +186,10 @@ def profkit_notes(manifest: dict) -> str:
 def profile(config: Config, pid: int, seconds: float) -> tuple[int, int, str]:
     """Profile pid for about `seconds`; the window the profiler was sampling, and its notes."""
     with tempfile.TemporaryDirectory() as scratch:
+        if config.kind == "noop":
+            # As long as profkit takes to start, in a child process, then an untouched window.
+            subprocess.run([sys.executable, "-c", "import time; time.sleep(1.5)"], check=True)
+            return (*bare_window(seconds), "")
         if config.kind == "pyspy":
             start = time.monotonic_ns()
             subprocess.run(

@@ -23,6 +23,7 @@ def test_configuration_names_parse_into_what_they_run() -> None:
     assert (default.kind, default.collectors, default.mode) == ("profkit", "", "nonblocking")
     ebpf = overhead.parse_config("profkit-ebpf-20hz")
     assert (ebpf.collectors, ebpf.rate) == ("ebpf", "20")
+    assert overhead.parse_config("noop").kind == "noop"
     with pytest.raises(SystemExit):
         overhead.parse_config("perf-everything")
 
@@ -55,7 +56,7 @@ def test_a_short_run_prints_one_row_per_configuration_and_pool(tmp_path) -> None
             "--warmup",
             "0.5",
             "--configs",
-            "profkit-proc,pyspy-native-20hz",
+            "profkit-proc,pyspy-native-20hz,noop",
             "--json",
             str(raw),
         ],
@@ -66,17 +67,19 @@ def test_a_short_run_prints_one_row_per_configuration_and_pool(tmp_path) -> None
         check=True,
     )
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("fanout ")]
-    assert [(row[1], row[2]) for row in rows] == [
-        (threads, name)
-        for threads in ("2", "4")
-        for name in ("bare", "profkit-proc", "pyspy-native-20hz")
-    ]
+    # Per pool size: the noise floor first, then each configuration once (in the order the
+    # shuffled first round ran them).
+    assert [row[1] for row in rows] == ["2"] * 4 + ["4"] * 4
+    for block in (rows[:4], rows[4:]):
+        assert block[0][2] == "bare"
+        assert sorted(row[2] for row in block[1:]) == ["noop", "profkit-proc", "pyspy-native-20hz"]
     ratios = json.loads(raw.read_text())
     assert sorted(ratios) == ["fanout:2", "fanout:4"]
     for by_config in ratios.values():
         # Every round ran every configuration once, between two bare windows.
         assert len(by_config["profkit-proc"]) == len(by_config["pyspy-native-20hz"]) == 2
-        assert len(by_config["bare"]) == 5
+        assert len(by_config["noop"]) == 2
+        assert len(by_config["bare"]) == 7
         assert all(
             math.isfinite(value) and value > 0 for values in by_config.values() for value in values
         )
