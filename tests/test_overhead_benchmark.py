@@ -83,3 +83,24 @@ def test_a_short_run_prints_one_row_per_configuration_and_pool(tmp_path) -> None
         assert all(
             math.isfinite(value) and value > 0 for values in by_config.values() for value in values
         )
+
+
+def test_pooled_runs_print_one_row_per_cell_and_configuration() -> None:
+    import pool
+
+    runs = [
+        {"serving:8": {"bare": [200.0, 210.0], "profkit-default": [0.97, 0.99], "noop": [1.0]}},
+        {"serving:8": {"bare": [190.0], "profkit-default": [1.01]}, "fanout:8": {"noop": [0.98]}},
+    ]
+    cells = pool.pooled(runs)
+    assert cells == {
+        "serving:8": {"profkit-default": [0.97, 0.99, 1.01], "noop": [1.0]},
+        "fanout:8": {"noop": [0.98]},
+    }
+    low, high = pool.median_interval(cells["serving:8"]["profkit-default"])
+    assert 0.97 <= low <= 0.99 <= high <= 1.01
+    lines = pool.table(cells, ["profkit-default"])
+    assert lines[0].split() == ["cell", "configuration", "windows", "median", "95%", "interval"]
+    assert [line.split()[:4] for line in lines[1:]] == [
+        ["serving:8", "profkit-default", "3", "0.990"]
+    ]
