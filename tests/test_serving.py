@@ -215,3 +215,20 @@ def test_autothreads_apply_in_process() -> None:
         assert cap.threads >= 1 and cap.reason
     finally:
         torch.set_num_threads(before)
+
+
+def test_steady_load_ends_when_the_server_is_gone() -> None:
+    # Nothing listens on this port: every worker sees the server gone, and the process must
+    # end rather than go on reporting progress (a leftover load generator is load on the
+    # machine that the next benchmark would measure).
+    url = f"http://127.0.0.1:{free_port()}"
+    options = ["--url", url, "--steady", "--concurrency", "2", "--image-size", "32"]
+    load = subprocess.run(
+        [sys.executable, "-m", "recipes.mm_serving.load", *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert load.returncode == 0, load.stderr
+    assert load.stdout.splitlines()[0].startswith("progress done=0 ")

@@ -141,7 +141,10 @@ async def run_steady(url: str, concurrency: int, seed: int, image_size: int) -> 
             await asyncio.sleep(0.05)
 
     async with aiohttp.ClientSession() as session:
-        await asyncio.gather(report(), *(worker(i) for i in range(concurrency)))
+        reporter = asyncio.create_task(report())
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        # Every worker saw the server go: stop reporting, so that the process ends with it.
+        reporter.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
