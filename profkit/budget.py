@@ -44,6 +44,8 @@ PYSPY_CPU_S_PER_THREAD = {"native": 150e-6, "nonblocking": 30e-6}
 # py-spy at the whole budget left the serving recipe 5% slower with the default set.
 PYSPY_STOP_SHARE = 0.5
 PYSPY_CPU_SHARE = 0.25
+# The OpenMP region probes' part: their traps cost the dispatching thread per region started.
+REGION_PROBE_SHARE = 0.25
 
 
 def default_rate(threads: int, budget_share: float, mode: str = "native", cpus: float = 1.0) -> int:

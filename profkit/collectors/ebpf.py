@@ -17,7 +17,7 @@ from importlib import resources
 
 from .. import procfs
 from ..bccload import BccUnavailable, load_bcc
-from ..budget import sched_trace_share
+from ..budget import REGION_PROBE_SHARE, sched_trace_share
 from ..clock import Clock
 from ..probe_points import entry_point, gomp_region_end, hit_cost_s
 from ..returns import return_sites
@@ -25,8 +25,6 @@ from ..target import Runtime, Target
 from .base import Availability, CaptureContext, CollectorResult
 
 NORMALISED_FILE = "ebpf.json"
-# The region probes' part of --budget; py-spy has the first three quarters (profkit/budget.py).
-REGION_PROBE_SHARE = 0.25
 
 
 def probe_source(name: str) -> str:
