@@ -76,7 +76,7 @@ def test_window_cpu_is_split_by_tool(fanout_capture) -> None:  # type: ignore[no
     # The live children while the window was open, by their process names.
     assert {"profkit", "py-spy", "perf"} <= set(by_tool), by_tool
     assert sum(by_tool.values()) == pytest.approx(window["tools_cpu_s"], abs=1e-3)
-    assert by_tool["py-spy"] > 0, "py-spy sampled through the window"
+    # Not "> 0": CPU times tick at 10 ms, and py-spy at 2 Hz may use less than one in a window.
 
 
 def test_cgroup_sampling_follows_the_quota(fanout_capture) -> None:  # type: ignore[no-untyped-def]
