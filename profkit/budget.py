@@ -38,18 +38,36 @@ def native_sample_cost_s(threads: int, cpus: float) -> float:
 # alone on 2 cores: --nonblocking at 10 Hz, 66-72 threads, 0.016-0.028 cores (25-40 us);
 # --native at 5 Hz, ~15 threads, 0.010-0.016 cores (130-210 us: it unwinds native stacks).
 PYSPY_CPU_S_PER_THREAD = {"native": 150e-6, "nonblocking": 30e-6}
-# The budget is for the whole capture, so py-spy gets a part of it: half for the time its
-# samples hold the target stopped, a quarter for its own CPU (on a saturated machine that is
-# CPU the target does not get); the rest is left to /proc, perf and the eBPF probes. Aiming
-# py-spy at the whole budget left the serving recipe 5% slower with the default set.
-PYSPY_STOP_SHARE = 0.5
-PYSPY_CPU_SHARE = 0.25
-# The OpenMP region probes' part: their traps cost the dispatching thread per region started.
-REGION_PROBE_SHARE = 0.25
+# The budget is for the whole capture, so each cost that a setting controls gets a part of it,
+# and the parts add up to the whole: py-spy's stops (the largest: a synchronised pool loses the
+# whole pause), py-spy's own CPU (on a saturated machine, CPU the target does not get), the
+# OpenMP region probes' traps, the scheduler tracepoints, and a part that no setting changes
+# (the /proc and cgroup samplers, perf record at 49 Hz, profkit's own loop: 3.3 ms of CPU a
+# second on the serving recipe, 0.17% of 2 CPUs). Aiming py-spy at the whole budget left the
+# serving recipe 5% slower with the default set; with each collector judged against the whole
+# budget, the parts could add up to twice it.
+PYSPY_STOP_SHARE = 0.35
+PYSPY_CPU_SHARE = 0.15
+REGION_PROBE_SHARE = 0.15
+SCHED_TRACE_SHARE = 0.2
+FIXED_SHARE = 0.15
 
 
-def default_rate(threads: int, budget_share: float, mode: str = "native", cpus: float = 1.0) -> int:
-    """The py-spy rate whose expected pauses and CPU fit its part of the budget, 1 to 10 Hz."""
+def pyspy_stop_share(probes: bool) -> float:
+    """py-spy's part of the budget for its stops. Without the eBPF probes (no bcc, or not
+    requested) their parts are free, and the stops may have them: native frames are what
+    places the pool's work under its Python call site when no region probe does."""
+    return PYSPY_STOP_SHARE + (0.0 if probes else REGION_PROBE_SHARE + SCHED_TRACE_SHARE)
+
+
+def default_rate(
+    threads: int,
+    budget_share: float,
+    mode: str = "native",
+    cpus: float = 1.0,
+    stop_share: float = PYSPY_STOP_SHARE,
+) -> int:
+    """The py-spy rate whose expected pauses and CPU fit their parts of the budget, 1 to 10 Hz."""
     threads = max(1, threads)
     by_cpu = (
         PYSPY_CPU_SHARE
@@ -59,19 +77,23 @@ def default_rate(threads: int, budget_share: float, mode: str = "native", cpus: 
     )
     fits = by_cpu
     if mode == "native":
-        fits = min(fits, PYSPY_STOP_SHARE * budget_share / native_sample_cost_s(threads, cpus))
+        fits = min(fits, stop_share * budget_share / native_sample_cost_s(threads, cpus))
     return max(1, min(MAX_DEFAULT_RATE_HZ, int(fits)))
 
 
-def auto_mode(threads: int, budget_share: float, cpus: float) -> tuple[str, str]:
-    """--native where even its slowest rate (1 Hz) fits the budget, else --nonblocking; and why."""
+def auto_mode(
+    threads: int, budget_share: float, cpus: float, stop_share: float = PYSPY_STOP_SHARE
+) -> tuple[str, str]:
+    """--native where even its slowest rate (1 Hz) fits the stops' part of the budget, else
+    --nonblocking; and why."""
     cost = native_sample_cost_s(threads, cpus)
-    if cost <= budget_share:
+    if cost <= stop_share * budget_share:
         return "native", ""
     return "nonblocking", (
         f"--native would hold {threads} threads on {cpus:g} CPUs stopped ~{1000 * cost:.0f} ms "
         f"per sample, {100 * cost:.1f}% of the time at 1 Hz, over the "
-        f"{100 * budget_share:g}% budget"
+        f"{100 * stop_share * budget_share:.2g}% part of the {100 * budget_share:g}% budget "
+        f"that py-spy's stops may take"
     )
 
 
@@ -104,6 +126,12 @@ class Budget:
 # thread rows, are the independent draws), with at least a few of them.
 STOP_CONFIDENCE_Z = 1.96
 MIN_STOP_INSTANTS = 5
+# Consecutive stopped instants are one stop, not several draws: py-spy --native reads a
+# library's symbols the first time a sample lands in it, with the target stopped (0.2-0.3 s,
+# seen mid-window in 1 of 12 captures of the two-site recipe), and two or three 5-Hz samples
+# inside that one pause read as 29% stopped. A single pause this long is a cost paid once; one
+# of HANG_S or more is not py-spy sampling any more, and is acted on at once.
+HANG_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +139,7 @@ class StopEstimate:
     share: float  # of the sampled thread time in tracing stop
     lower: float  # the share that the samples show with 95% confidence
     instants: int
+    longest_s: float = 0.0  # the longest run of stopped instants, first to last
 
 
 def wilson_lower(hits: float, draws: int, z: float = STOP_CONFIDENCE_Z) -> float:
@@ -121,6 +150,20 @@ def wilson_lower(hits: float, draws: int, z: float = STOP_CONFIDENCE_Z) -> float
     centre = share + z * z / (2 * draws)
     margin = z * math.sqrt(share * (1 - share) / draws + z * z / (4 * draws * draws))
     return max(0.0, (centre - margin) / (1 + z * z / draws))
+
+
+def _stop_episodes(instants: list[tuple[int, int, int]]) -> tuple[float, float]:
+    """Hits for the Wilson bound, one per run of consecutive stopped instants (the run's largest
+    stopped share), and the longest run's length in seconds."""
+    hits, longest_ns, run_share, run_start = 0.0, 0, 0.0, None
+    for t, total, stopped in [*instants, (0, 1, 0)]:  # a sentinel closes the last run
+        if stopped:
+            run_start = t if run_start is None else run_start
+            run_share = max(run_share, stopped / total)
+            longest_ns = max(longest_ns, t - run_start)
+        elif run_start is not None:
+            hits, run_share, run_start = hits + run_share, 0.0, None
+    return hits, longest_ns / 1e9
 
 
 @dataclass
@@ -163,9 +206,10 @@ class BudgetMonitor:
             self._stops.popleft()
         if len(self._stops) < MIN_STOP_INSTANTS:
             return None
-        hits = sum(stopped / total for _, total, stopped in self._stops)
         share = sum(s[2] for s in self._stops) / sum(s[1] for s in self._stops)
-        return StopEstimate(share, wilson_lower(hits, len(self._stops)), len(self._stops))
+        hits, longest_s = _stop_episodes(list(self._stops))
+        instants = len(self._stops)
+        return StopEstimate(share, wilson_lower(hits, instants), instants, longest_s)
 
     def tool_cores(self, pids: list[int], now_ns: int) -> float | None:
         """CPU of profkit itself and its tools over the window, in cores."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import procfs
-from .budget import Budget, BudgetMonitor
+from .budget import HANG_S, Budget, BudgetMonitor
 from .bundle import (
     collector_record,
     create_directory,
@@ -344,18 +344,19 @@ def _enforce_budget(
     if not monitor.settled(now):
         return
     pyspy = running.get("pyspy")
-    if (
-        stops is not None
+    over_budget = stops is not None and (
         # Twice the budget, and only where the samples show it with confidence: the default
-        # rate is chosen to sit at half the budget, and a restart costs py-spy's start-up CPU.
-        and stops.lower > 2 * monitor.budget.stopped_share
-        and pyspy is not None
-        and "pyspy" not in dropped
-    ):
+        # rate is chosen to sit inside the budget, and a restart costs py-spy's start-up CPU.
+        stops.lower > 2 * monitor.budget.stopped_share or stops.longest_s >= HANG_S
+    )
+    if over_budget and pyspy is not None and "pyspy" not in dropped:
+        assert stops is not None
         why = (
             f"target stopped {100 * stops.share:.1f}% of the time by py-spy (at least "
             f"{100 * stops.lower:.1f}% with 95% confidence over {stops.instants} samples), over "
             f"twice the {100 * monitor.budget.stopped_share:g}% budget"
+            if stops.longest_s < HANG_S
+            else f"py-spy held the target stopped for {stops.longest_s:.1f} s at once"
         )
         still = pyspy.back_off(why, now)  # type: ignore[attr-defined]
         monitor.record(clock(), "nonblocking" if still else "drop", "pyspy", why)

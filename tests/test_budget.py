@@ -5,15 +5,20 @@ from __future__ import annotations
 import pytest
 
 from profkit.budget import (
+    FIXED_SHARE,
+    HANG_S,
     PYSPY_CPU_S_PER_THREAD,
     PYSPY_CPU_SHARE,
     PYSPY_STOP_SHARE,
+    REGION_PROBE_SHARE,
+    SCHED_TRACE_SHARE,
     Budget,
     BudgetMonitor,
     StopEstimate,
     auto_mode,
     default_rate,
     native_sample_cost_s,
+    pyspy_stop_share,
     wilson_lower,
 )
 
@@ -34,21 +39,31 @@ def test_default_rate_fits_the_stop_budget() -> None:
         rates = [default_rate(threads, 0.02, cpus=cpus) for threads in (1, 9, 17, 33, 65, 129)]
         assert rates == sorted(rates, reverse=True), "never faster for more threads"
     # The measured cases: 2 cores keep a higher rate for a small pool; 16 busy cores do not.
-    assert default_rate(9, 0.02, cpus=2) == 4
+    assert default_rate(9, 0.02, cpus=2) == 2
+    assert default_rate(18, 0.02, cpus=2) == 1, "the serving front"
     assert default_rate(65, 0.02, cpus=2) == 1
     assert default_rate(17, 0.02, cpus=16) == 1
     assert default_rate(9, 0.02, cpus=16) < default_rate(9, 0.02, cpus=2), "more threads run"
     assert default_rate(33, 0.10, cpus=2) > default_rate(33, 0.02, cpus=2)
     for threads, cpus in ((9, 2), (17, 16), (65, 2)):
-        rate = default_rate(threads, 0.02, cpus=cpus)
-        # py-spy's stops get half of the budget; the rest is for its CPU and the other tools.
-        assert rate * native_sample_cost_s(threads, cpus) <= PYSPY_STOP_SHARE * 0.02 or rate == 1
+        for stop_share in (pyspy_stop_share(probes=True), pyspy_stop_share(probes=False)):
+            rate = default_rate(threads, 0.02, cpus=cpus, stop_share=stop_share)
+            assert rate * native_sample_cost_s(threads, cpus) <= stop_share * 0.02 or rate == 1
+
+
+def test_the_parts_of_the_budget_add_up_to_it() -> None:
+    parts = PYSPY_STOP_SHARE + PYSPY_CPU_SHARE + REGION_PROBE_SHARE + SCHED_TRACE_SHARE
+    assert parts + FIXED_SHARE == pytest.approx(1.0)
+    # Without the probes, py-spy's stops may take their parts, and no more.
+    assert pyspy_stop_share(probes=True) == PYSPY_STOP_SHARE
+    assert pyspy_stop_share(probes=False) + PYSPY_CPU_SHARE + FIXED_SHARE == pytest.approx(1.0)
+    assert default_rate(9, 0.02, cpus=2, stop_share=pyspy_stop_share(probes=False)) == 4
 
 
 def test_default_rate_fits_pyspy_cpu_into_its_share_of_the_machine() -> None:
     # --nonblocking stops nothing, but py-spy reads every thread per sample.
     assert default_rate(65, 0.02, "nonblocking", cpus=16) == 10
-    assert default_rate(65, 0.02, "nonblocking", cpus=2) == 5
+    assert default_rate(65, 0.02, "nonblocking", cpus=2) == 3
     for threads, cpus in ((65, 2), (129, 2), (9, 2), (33, 16)):
         for mode in ("native", "nonblocking"):
             rate = default_rate(threads, 0.02, mode, cpus)
@@ -57,12 +72,18 @@ def test_default_rate_fits_pyspy_cpu_into_its_share_of_the_machine() -> None:
 
 
 def test_auto_mode_keeps_native_only_where_one_hertz_fits() -> None:
-    assert auto_mode(17, 0.02, 16) == ("native", "")
-    assert auto_mode(65, 0.02, 2)[0] == "native"
-    mode, why = auto_mode(128, 0.02, 128)
+    with_probes, without = pyspy_stop_share(probes=True), pyspy_stop_share(probes=False)
+    # 17 threads on 16 busy CPUs: ~10 ms a sample, 1% at 1 Hz. That fits where no eBPF probe
+    # shares the budget (the 16-core machine has no bcc), not next to them.
+    assert auto_mode(17, 0.02, 16, without) == ("native", "")
+    mode, why = auto_mode(17, 0.02, 16, with_probes)
+    assert mode == "nonblocking" and "0.7% part of the 2% budget" in why
+    assert auto_mode(18, 0.02, 2, with_probes)[0] == "native", "the serving front"
+    assert auto_mode(65, 0.02, 2, with_probes)[0] == "nonblocking"
+    mode, why = auto_mode(128, 0.02, 128, without)
     assert mode == "nonblocking"
     assert "128 threads on 128 CPUs" in why and "2% budget" in why
-    assert auto_mode(128, 0.10, 128)[0] == "native"
+    assert auto_mode(128, 0.30, 128, with_probes)[0] == "native"
 
 
 def test_stopped_share_ignores_the_attach_pause_and_needs_enough_rows() -> None:
@@ -124,3 +145,16 @@ def test_a_target_stopped_often_is_over_the_budget_with_confidence() -> None:
     # 50 Hz --native on 8 threads: stopped ~10% of the time, seen in a quarter of the samples.
     assert judge(15, {1, 5, 9, 13}).lower > 2 * 0.02
     assert judge(50, set(range(0, 50, 5))).lower > 2 * 0.02
+
+
+def test_one_long_pause_is_one_stop_and_a_hang_is_acted_on() -> None:
+    # py-spy reading a library's symbols holds the target ~0.3 s once: two or three 5-Hz
+    # samples land inside that one pause. It is one draw, not three.
+    once = judge(15, {6, 7, 8})
+    assert once.share == pytest.approx(3 / 15)
+    assert once.lower < 2 * 0.02 and once.longest_s < HANG_S
+    # The same three samples in three separate stops are evidence of stopping often.
+    assert judge(15, {2, 7, 12}).lower > once.lower
+    # Held for 1.4 s at once: no longer sampling; acted on whatever the share says.
+    hang = judge(50, set(range(20, 28)))
+    assert hang.longest_s >= HANG_S and hang.lower < 2 * 0.02

@@ -17,7 +17,7 @@ from importlib import resources
 
 from .. import procfs
 from ..bccload import BccUnavailable, load_bcc
-from ..budget import REGION_PROBE_SHARE, sched_trace_share
+from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
 from ..clock import Clock
 from ..probe_points import entry_point, gomp_region_end, hit_cost_s
 from ..returns import return_sites
@@ -62,7 +62,8 @@ class OpenMPProgram:
 
 def decide_sched(context: CaptureContext) -> dict[str, object]:
     """Whether to trace the scheduler: its tracepoints run on every context switch of the
-    machine, so on a busy one they cost more than the budget (docs/collectors.md)."""
+    machine, so on a busy one they cost more than their share of the budget
+    (docs/collectors.md)."""
     setting = context.options.get("ebpf_sched", "auto")
     if setting != "auto":
         return {
@@ -70,7 +71,7 @@ def decide_sched(context: CaptureContext) -> dict[str, object]:
             "setting": setting,
             "reason": "" if setting == "on" else "scheduler tracepoints off (--ebpf-sched off)",
         }
-    budget = float(context.options.get("overhead_budget", "0.02"))
+    budget = SCHED_TRACE_SHARE * float(context.options.get("overhead_budget", "0.02"))
     rate = machine_switch_rate(context.clock)
     share = sched_trace_share(rate, os.cpu_count() or 1)
     decision: dict[str, object] = {
@@ -84,8 +85,8 @@ def decide_sched(context: CaptureContext) -> dict[str, object]:
         if share <= budget
         else (
             f"scheduler tracepoints skipped: the machine switches {rate:,.0f} times a second on "
-            f"{os.cpu_count()} CPUs, which would cost the target ~{100 * share:.1f}%, over the "
-            f"{100 * budget:g}% budget (--ebpf-sched on to trace anyway)"
+            f"{os.cpu_count()} CPUs, which would cost the target ~{100 * share:.1f}%, over "
+            f"their {100 * budget:.2g}% share of the budget (--ebpf-sched on to trace anyway)"
         )
     )
     return decision

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
-from ..budget import Budget, auto_mode, default_rate
+from ..budget import Budget, auto_mode, default_rate, pyspy_stop_share
 from ..bundle import default_directory
 from ..capture import CaptureRequest, capture, parse_collectors, progress_printer
 from ..cgroup import CgroupError, cpu_cgroup
+from ..collectors.ebpf import EbpfCollector
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ..runs import clean_stale
 from ..target import Target, inspect
@@ -52,9 +53,10 @@ def run_capture(
             f"profkit: note: pid {target.pid} has no torch loaded; capturing anyway", err=True
         )
     cpus = usable_cpus(target.pid)
+    stop_share = pyspy_stop_share(probes="ebpf" in parsed and EbpfCollector().available(target).ok)
     mode_reason = ""
     if pyspy_mode == "auto":
-        pyspy_mode, mode_reason = auto_mode(target.threads, stop_budget / 100, cpus)
+        pyspy_mode, mode_reason = auto_mode(target.threads, stop_budget / 100, cpus, stop_share)
         if mode_reason:
             click.echo(f"profkit: py-spy goes --nonblocking: {mode_reason}", err=True)
     request = CaptureRequest(
@@ -63,7 +65,7 @@ def run_capture(
         duration_s=duration,
         rate_hz=rate
         if rate is not None
-        else default_rate(target.threads, stop_budget / 100, pyspy_mode, cpus),
+        else default_rate(target.threads, stop_budget / 100, pyspy_mode, cpus, stop_share),
         collectors=parsed,
         max_size_mb=max_size_mb,
         options={
