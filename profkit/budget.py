@@ -3,8 +3,10 @@
 Two costs are watched. The target's: py-spy `--native` ptrace-stops every thread per sample,
 and the /proc sampler sees those stops as thread state `t`; the share of thread samples in that
 state is the share of the target's time spent stopped. The machine's: CPU used by profkit and
-its child tools, read from /proc. Over budget, py-spy's rate is halved (down to 1 Hz, then it is
-stopped), and if the tools' CPU is still too high the costliest collector is stopped.
+its child tools, read from /proc. Before the capture, the budget is shared out among the costs
+that settings control (py-spy's rate and mode, the region probes, the scheduler tracepoints).
+During it, a target stopped too much has py-spy restarted --nonblocking (then stopped), and
+tools using too much CPU lose the costliest collector.
 """
 
 from __future__ import annotations

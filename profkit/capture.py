@@ -226,15 +226,17 @@ def _capture(
         raise CaptureFailed(
             "no collector could start: " + "; ".join(f"{n}: {r.reason}" for n, r in results.items())
         )
-    if "pyspy" in running and request.options.get("pyspy_mode") != "nonblocking":
-        wait_until_attached(target, request.clock)
-    settle_s = wait_for_tools_to_settle(record, request.clock)
-    status, reason = "complete", ""
-    window_start = request.clock()
-    tools_cpu_start = tools_cpu_by_process(record)
-    monitor = BudgetMonitor(request.budget, window_start)
-    dropped: dict[str, str] = {}
     with stop_on_signals(stop) as received:
+        # A Ctrl-C while the tools start ends the waits too; the window is then empty.
+        attach_stop_s = None
+        if "pyspy" in running and request.options.get("pyspy_mode") != "nonblocking":
+            attach_stop_s = wait_until_attached(target, request.clock, stop)
+        settle_s = wait_for_tools_to_settle(record, request.clock, stop)
+        status, reason = "complete", ""
+        window_start = request.clock()
+        tools_cpu_start = tools_cpu_by_process(record)
+        monitor = BudgetMonitor(request.budget, window_start)
+        dropped: dict[str, str] = {}
         deadline = window_start + int(request.duration_s * NS_PER_S)
         next_check = window_start + NS_PER_S
         while request.clock() < deadline and not stop.is_set():
@@ -287,6 +289,9 @@ def _capture(
             "startup": {
                 "tools_cpu_s": round(sum(tools_cpu_start.values()) - tools_cpu_before, 3),
                 "settle_s": round(settle_s, 3),
+                # py-spy --native's long attach stop that the window waited out (None: none
+                # was seen before the timeout, and it may come inside the window).
+                "pyspy_attach_stop_s": None if attach_stop_s is None else round(attach_stop_s, 3),
             },
             # How long each collector took to stop and write its part, after the window.
             "teardown_s": stop_seconds,

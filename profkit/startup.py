@@ -32,33 +32,48 @@ def _stopped_threads(target: Target) -> int:
     return stopped
 
 
-LONG_STOP_S = 0.06
+# py-spy's symbol read is the long stop: 0.27-0.31 s on 2 cores, 0.35-0.49 s on 16. A shorter
+# one of ~60 ms can come first (seen on 16 cores), and a window opened after it had the 375-ms
+# read 1.2 s inside it, with 0.37 s of py-spy's CPU.
+LONG_STOP_S = 0.15
+# The first py-spy run on a fresh 16-core machine read the symbols (0.59 s) more than 3 s after
+# it started, and the window, opened at a 3-s timeout, had that pause inside it.
+ATTACH_TIMEOUT_S = 6.0
 
 
-def wait_until_attached(target: Target, clock: Clock, timeout_s: float = 3.0) -> None:
+def wait_until_attached(
+    target: Target,
+    clock: Clock,
+    stop: threading.Event | None = None,
+    timeout_s: float = ATTACH_TIMEOUT_S,
+) -> float | None:
     """Start the window once py-spy's attach pause is over, so that the window measures
     sampling and not attaching. A --native attach holds the target stopped once for a long
     while (0.27-0.31 s measured on 2 cores, while py-spy reads libtorch's symbols), before or
-    after a few short stops; per-sample stops are a few ms. So the window waits for a stop that
-    lasted at least LONG_STOP_S to end and then for 50 ms without one; a target small enough
-    to be mapped faster simply waits out the timeout."""
+    after a few shorter stops; per-sample stops are a few ms. So the window waits for a stop
+    that lasted at least LONG_STOP_S to end and then for 50 ms without one; a target small
+    enough to be read faster simply waits out the timeout, and a Ctrl-C (stop) ends the wait.
+    The long stop's length, or None."""
     begin = clock()
     stopped_since: int | None = None
     long_stop_over_at: int | None = None
-    while (now := clock()) - begin < timeout_s * NS_PER_S:
+    long_stop_ns = 0
+    stop = stop or threading.Event()
+    while (now := clock()) - begin < timeout_s * NS_PER_S and not stop.is_set():
         try:
             stopped = _stopped_threads(target)
         except FileNotFoundError:
-            return
+            return None
         if stopped:
             stopped_since = stopped_since or now
         else:
             if stopped_since is not None and now - stopped_since >= LONG_STOP_S * NS_PER_S:
-                long_stop_over_at = now
+                long_stop_over_at, long_stop_ns = now, now - stopped_since
             stopped_since = None
             if long_stop_over_at is not None and now - long_stop_over_at >= 0.05 * NS_PER_S:
-                return
-        threading.Event().wait(0.005)
+                return long_stop_ns / NS_PER_S
+        stop.wait(0.005)
+    return None
 
 
 def tools_cpu_by_process(record: RunRecord) -> dict[str, float]:
@@ -94,12 +109,15 @@ def cpu_spent_by_tool(before: dict[str, float], after: dict[str, float]) -> dict
     return {name: round(max(0.0, seconds), 4) for name, seconds in spent.items()}
 
 
-def wait_for_tools_to_settle(record: RunRecord, clock: Clock, timeout_s: float = 3.0) -> float:
-    """Wait until the tools' start-up CPU has died down; the seconds waited."""
+def wait_for_tools_to_settle(
+    record: RunRecord, clock: Clock, stop: threading.Event | None = None, timeout_s: float = 3.0
+) -> float:
+    """Wait until the tools' start-up CPU has died down, or a Ctrl-C; the seconds waited."""
     begin = clock()
     last_cpu, last_t = tools_cpu_seconds(record), begin
-    while (now := clock()) - begin < timeout_s * NS_PER_S:
-        threading.Event().wait(SETTLE_POLL_S)
+    stop = stop or threading.Event()
+    while (now := clock()) - begin < timeout_s * NS_PER_S and not stop.is_set():
+        stop.wait(SETTLE_POLL_S)
         cpu, now = tools_cpu_seconds(record), clock()
         if (cpu - last_cpu) / max(1e-9, (now - last_t) / NS_PER_S) <= SETTLED_CORES:
             break

@@ -33,7 +33,8 @@ def test_fanout_in_half_a_core(start_recipe, tmp_path: Path) -> None:
     recipe = start_recipe(
         "shm_fanout.py", "--copy", "torch", "--threads", "8", cores=0.5, warmup=1.0
     )
-    report = profile(recipe.pid, tmp_path / "b")
+    # py-spy samples at 1 Hz here (its part of the budget): 8 s for a few samples in regions.
+    report = profile(recipe.pid, tmp_path / "b", duration=8.0)
     findings = by_id(report)
     assert "cpu-fanout" in findings, report["findings"]
     fanout = findings["cpu-fanout"]
@@ -96,3 +97,23 @@ def test_two_call_sites_without_the_scheduler_traced(start_recipe, tmp_path: Pat
     assert {row["function"]: row["share"] for row in rows}.get("copy_fanout", 0.0) >= 0.9, rows
     notes = [n for n in report["attribution_notes"] if n["pool"] == "openmp"]
     assert notes[0]["method"] == "aligned" and "by length" in notes[0]["reason"], notes
+
+
+def test_without_native_frames_or_region_probes_the_report_says_why_no_site(
+    start_recipe, tmp_path: Path
+) -> None:
+    """What a machine without bcc gets where --native costs more than the budget allows."""
+    recipe = start_recipe("shm_fanout.py", "--threads", "8", warmup=1.0)
+    report = profile(
+        recipe.pid,
+        tmp_path / "b",
+        "--collectors",
+        "proc,cgroup,pyspy",
+        "--pyspy-mode",
+        "nonblocking",
+        duration=4.0,
+    )
+    notes = [n for n in report["attribution_notes"] if n["pool"] == "openmp"]
+    assert notes and notes[0]["method"] == "none", report["attribution_notes"]
+    assert "--pyspy-mode native" in notes[0]["reason"], notes
+    assert "cpu-fanout" in by_id(report), "the pool's CPU is still found without a call site"

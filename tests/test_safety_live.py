@@ -290,6 +290,9 @@ def test_bundle_stays_under_max_size(start_recipe, tmp_path: Path) -> None:
         "--no-report",
         "--max-size",
         "0.25",
+        # The scheduler's slices are the bulk of a bundle; the budget may leave them out.
+        "--ebpf-sched",
+        "on",
         timeout=120,
     )
     assert result.returncode == 0, result.stderr

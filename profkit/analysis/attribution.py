@@ -177,14 +177,17 @@ def attribute(
         inside = _inside_regions(sched, times, NONBLOCKING_TOLERANCE_NS)
         in_region |= has_site & (native == 0) & inside
     if not in_region.any():
-        return Attribution(
-            "none",
-            "no py-spy sample of the dispatcher fell inside a parallel "
-            "region (raise --rate or capture longer)",
-            1.0,
-            0.0,
-            (),
+        probes = sched is not None and sched.uprobes_attached and len(sched.region_start) > 0
+        reason = (
+            "no py-spy sample of the dispatcher fell inside a parallel region (raise --rate "
+            "or capture longer)"
+            if probes or native.any()
+            # Neither native frames nor region times: nothing can place a sample in a region.
+            else "py-spy sampled --nonblocking (no native frames) and no OpenMP region probe "
+            "ran, so no sample can be placed inside a parallel region; --pyspy-mode native "
+            "(stops the target per sample) or the eBPF region probes would"
         )
+        return Attribution("none", reason, 1.0, 0.0, ())
     sample_sites = [infos[int(s)].site for s in stacks[in_region]]
     sample_ops = [infos[int(s)].op for s in stacks[in_region]]
     site_samples = Counter(sample_sites)
