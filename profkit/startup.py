@@ -22,6 +22,7 @@ from .target import Target
 # The /proc sampler alone uses about 0.01 cores (64 threads, 2 CPUs).
 SETTLED_CORES = 0.05
 SETTLE_POLL_S = 0.2  # /proc counts CPU in 10-ms ticks: one tick here is 0.05 cores
+SETTLE_TIMEOUT_S = 3.0
 
 
 def _stopped_threads(target: Target) -> int:
@@ -110,7 +111,10 @@ def cpu_spent_by_tool(before: dict[str, float], after: dict[str, float]) -> dict
 
 
 def wait_for_tools_to_settle(
-    record: RunRecord, clock: Clock, stop: threading.Event | None = None, timeout_s: float = 3.0
+    record: RunRecord,
+    clock: Clock,
+    stop: threading.Event | None = None,
+    timeout_s: float = SETTLE_TIMEOUT_S,
 ) -> float:
     """Wait until the tools' start-up CPU has died down, or a Ctrl-C; the seconds waited."""
     begin = clock()
