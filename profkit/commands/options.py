@@ -32,8 +32,8 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             type=int,
             default=None,
             help="py-spy sampling rate in Hz (default: up to 10, chosen from the target's "
-            "thread and CPU counts so that py-spy's pauses cost it at most half of --budget "
-            "and py-spy's own CPU a quarter).",
+            "thread and CPU counts so that py-spy's pauses and its own CPU fit their parts "
+            "of --budget: 35% and 15%, the pauses 70% where no eBPF probe runs).",
         ),
         click.option(
             "--pyspy-mode",
@@ -42,7 +42,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             show_default=True,
             help="native: native frames, the target stopped per sample (needed to tell call "
             "sites apart reliably); nonblocking: never stopped, sites placed by time only; "
-            "auto: native unless even 1 Hz of it would exceed --budget.",
+            "auto: native unless even 1 Hz of it would exceed the pauses' part of --budget.",
         ),
         click.option(
             "--budget",
@@ -53,8 +53,9 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             show_default=True,
             help="Most % of the target's throughput profkit may cost it: sets py-spy's rate "
             "and mode, whether the scheduler is traced and whether the OpenMP region probes "
-            "stay on; if the target is seen stopped more than twice this share of its time "
-            "(95% confidence), py-spy goes --nonblocking.",
+            "stay on, each held to its part; if the target is seen stopped more than twice "
+            "this share of its time (95% confidence) or for 1 s at once, py-spy goes "
+            "--nonblocking.",
         ),
         click.option(
             "--ebpf-sched",
@@ -62,7 +63,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             default="auto",
             show_default=True,
             help="Scheduler tracepoints (slices, wakeups): auto traces them unless the machine's "
-            "context-switch rate says they would cost more than --budget.",
+            "context-switch rate says they would cost more than their part (20%) of --budget.",
         ),
         click.option(
             "--cpu-budget",
