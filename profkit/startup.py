@@ -45,7 +45,7 @@ ATTACH_TIMEOUT_S = 6.0
 def wait_until_attached(
     target: Target,
     clock: Clock,
-    stop: threading.Event | None = None,
+    stop: threading.Event,
     timeout_s: float = ATTACH_TIMEOUT_S,
 ) -> float | None:
     """Start the window once py-spy's attach pause is over, so that the window measures
@@ -59,7 +59,6 @@ def wait_until_attached(
     stopped_since: int | None = None
     long_stop_over_at: int | None = None
     long_stop_ns = 0
-    stop = stop or threading.Event()
     while (now := clock()) - begin < timeout_s * NS_PER_S and not stop.is_set():
         try:
             stopped = _stopped_threads(target)
@@ -113,13 +112,12 @@ def cpu_spent_by_tool(before: dict[str, float], after: dict[str, float]) -> dict
 def wait_for_tools_to_settle(
     record: RunRecord,
     clock: Clock,
-    stop: threading.Event | None = None,
+    stop: threading.Event,
     timeout_s: float = SETTLE_TIMEOUT_S,
 ) -> float:
     """Wait until the tools' start-up CPU has died down, or a Ctrl-C; the seconds waited."""
     begin = clock()
     last_cpu, last_t = tools_cpu_seconds(record), begin
-    stop = stop or threading.Event()
     while (now := clock()) - begin < timeout_s * NS_PER_S and not stop.is_set():
         stop.wait(SETTLE_POLL_S)
         cpu, now = tools_cpu_seconds(record), clock()
