@@ -23,6 +23,7 @@ from ..probe_points import entry_point, gomp_region_end, hit_cost_s
 from ..returns import return_sites
 from ..target import Runtime, Target
 from .base import Availability, CaptureContext, CollectorResult
+from .pywalk import PythonWalker
 
 NORMALISED_FILE = "ebpf.json"
 
@@ -123,7 +124,9 @@ class EbpfCollector:
             "end_ns": [],
             "tid": [],
             "requested": [],
+            "stack": [],  # index into the walker's stacks, -1 for none
         }
+        self.walker: PythonWalker | None = None
         self.lost = {"slices": 0, "regions": 0}
         self.attached: list[str] = []
         self.warnings: list[str] = []
@@ -171,7 +174,11 @@ class EbpfCollector:
     def _attach_openmp(self, bcc: object, program: OpenMPProgram, pid: int) -> None:
         symbol, handler = program.entry
         path = program.runtime.path
-        bpf = bcc.BPF(text=program.source())  # type: ignore[attr-defined]
+        self.walker = PythonWalker(pid)
+        flags = self.walker.prepare()
+        if not flags:
+            self.warnings.append(self.walker.reason)
+        bpf = bcc.BPF(text=program.source(), cflags=flags)  # type: ignore[attr-defined]
         self._bpf.append(bpf)
         self._openmp_bpf = bpf
         entry = entry_point(path, symbol)
@@ -198,6 +205,8 @@ class EbpfCollector:
         except Exception as exc:  # a stripped or unusual runtime: the rest still works
             self.warnings.append(f"uprobe on {symbol} in {path} failed: {exc}")
             return
+        if flags:
+            self.walker.attach(bpf)
         self._region_hit_s = hit_cost_s(entry) + hit_cost_s(end)
         self.attached.append(
             f"uprobe:{path}:{entry.address:#x} ({symbol} entry, {entry.instruction})"
@@ -243,6 +252,10 @@ class EbpfCollector:
         )
         self.region_decision["reason"] = reason
         self.warnings.append(reason)
+        if self.walker is not None:
+            self.walker.halt()
+            self.walker.reason = "Python stack walker off: the region probes were detached"
+            self.walker.layout = None
         self._bpf.remove(bpf)
         with contextlib.suppress(Exception):
             bpf.cleanup()  # type: ignore[attr-defined]
@@ -285,11 +298,17 @@ class EbpfCollector:
             payload["threads"] = threads
             self._read_slices(sched)
             payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]  # type: ignore[index]
+        python: dict[str, object] = {"walker": "off", "reason": "no OpenMP region probe"}
+        if self.walker is not None:
+            python["reason"] = self.walker.reason
         if self._openmp_bpf is not None:
             # One snapshot of both counters, then the log up to it: the target goes on
             # starting regions while the log is read.
             entries, ended = self._check_ends(self._openmp_bpf)
-            self._read_regions(self._openmp_bpf, ended)
+            stack_index: dict[int, int] = {}
+            if self.walker is not None:
+                python, stack_index = self.walker.read()
+            self._read_regions(self._openmp_bpf, ended, stack_index)
             payload["region_entries"] = entries
             hist = self._openmp_bpf["duration_us_log2"]  # type: ignore[index]
             payload["histogram_us_log2"] = {
@@ -300,6 +319,7 @@ class EbpfCollector:
             {
                 "slices": self.slices,
                 "regions": self.regions,
+                "python": python,
                 "lost": self.lost,
                 "attached": self.attached,
                 "warnings": self.warnings,
@@ -327,6 +347,8 @@ class EbpfCollector:
                 "attached": self.attached,
                 "regions": len(self.regions["tid"]),
                 "slices": len(self.slices["tid"]),
+                "regions_with_python_stack": sum(1 for i in self.regions["stack"] if i >= 0),
+                "python_walker": python.get("walker"),
                 "lost": dict(self.lost),
             },
         )
@@ -344,11 +366,12 @@ class EbpfCollector:
             )
         return entries, ended
 
-    def _read_regions(self, bpf: object, count: int) -> None:
+    def _read_regions(self, bpf: object, count: int, stack_index: dict[int, int]) -> None:
         """Copy the in-kernel region log out in one batch, after the window."""
         for _, v in _read_log(bpf, "region_log", count, self.lost, "regions"):
             for key in ("start_ns", "end_ns", "tid", "requested"):
                 self.regions[key].append(getattr(v, key))
+            self.regions["stack"].append(stack_index.get(int(v.stack), -1))
 
     def _read_slices(self, sched: object) -> None:
         """Copy the in-kernel slice log out in one batch, after the window."""
@@ -361,6 +384,8 @@ class EbpfCollector:
 
     def cleanup(self) -> None:
         """Detach every probe; safe to call more than once."""
+        if self.walker is not None:
+            self.walker.halt()
         self._sched_bpf = self._openmp_bpf = None
         while self._bpf:
             bpf = self._bpf.pop()

@@ -1,0 +1,149 @@
+"""Walking a thread's Python frames from outside the process, as the eBPF walker does."""
+
+from __future__ import annotations
+
+import time
+
+from .code import CodeResolver
+from .errors import MemoryReadError, PyRuntimeUnsupported
+from .layout import Layout
+from .memory import ProcessMemory, i32_at, u64_at
+from .threads import namespace_tids, thread_states, tstate_addresses
+
+# Shim frames are skipped without counting; this bounds how many of them one walk tolerates.
+MAX_SKIPPED = 64
+
+
+def first_frame(mem: ProcessMemory, layout: Layout, tstate: int) -> int:
+    frame = mem.u64(tstate + layout.tstate_frame)
+    if layout.frame_kind == "cframe" and frame:
+        frame = mem.u64(frame + layout.cframe_current_frame)
+    return frame
+
+
+def walk_frames(
+    mem: ProcessMemory, layout: Layout, tstate: int, max_frames: int = 32, strict: bool = False
+) -> list[tuple[int, int]]:
+    """(code address, instruction index in code units), innermost first.
+
+    One read per frame of ``layout.frame_span()`` bytes.  A frame that cannot be read ends the
+    walk (as in the probe) unless ``strict``, which raises instead.
+    """
+    out: list[tuple[int, int]] = []
+    span = layout.frame_span()
+    skipped = 0
+    try:
+        frame = first_frame(mem, layout, tstate)
+    except MemoryReadError:
+        if strict:
+            raise
+        return out
+    while frame and len(out) < max_frames and skipped <= MAX_SKIPPED:
+        try:
+            raw = mem.read(frame, span)
+        except MemoryReadError:
+            if strict:
+                raise
+            break
+        code = u64_at(raw, layout.frame_code)
+        previous = u64_at(raw, layout.frame_previous)
+        if layout.frame_kind == "frameobject":
+            out.append((code, i32_at(raw, layout.frame_instr)))
+        elif layout.owner_cstack >= 0 and raw[layout.frame_owner] == layout.owner_cstack:
+            # Entry shims pushed when C code calls into Python; they run no user code.
+            skipped += 1
+        else:
+            instr = u64_at(raw, layout.frame_instr)
+            # Signed: a frame that has not started points one unit before its first instruction.
+            out.append((code, (instr - code - layout.code_adaptive) // 2))
+        frame = previous
+    return out
+
+
+def walk(pid: int, layout: Layout, tstate: int, max_frames: int = 32) -> list[tuple[int, int]]:
+    """The frames of the thread whose PyThreadState is at ``tstate``, innermost first."""
+    with ProcessMemory(pid) as mem:
+        return walk_frames(mem, layout, tstate, max_frames)
+
+
+def _table_units(layout: Layout, table: bytes) -> int:
+    """Code units (3.11+) or bytes/2 (3.10) the line table covers."""
+    if layout.version >= (3, 11):
+        return sum((b & 7) + 1 for b in table if b & 0x80)
+    return sum(table[0::2]) // 2
+
+
+def self_check(pid: int, layout: Layout, attempts: int = 10) -> None:
+    """Walk every thread from user space and check the offsets produce real code objects.
+
+    A thread that runs Python code while it is read can change its stack between two reads,
+    so a thread's walk is retried up to ``attempts`` times; the check fails when one thread
+    never gives a consistent stack, naming the last problem seen.  Raises PyRuntimeUnsupported.
+    """
+    live = namespace_tids(pid)
+    with ProcessMemory(pid) as mem:
+        try:
+            all_tstates = tstate_addresses(mem, layout)
+        except MemoryReadError as exc:
+            raise PyRuntimeUnsupported(f"self-check: thread list unreadable: {exc}") from exc
+        if not all_tstates:
+            raise PyRuntimeUnsupported("self-check: the interpreter lists no thread states")
+        mapped = thread_states(pid, layout)
+        if not mapped:
+            raise PyRuntimeUnsupported(
+                f"self-check: none of {len(all_tstates)} thread states matches one of the "
+                f"{len(live)} threads of pid {pid}"
+            )
+        resolver = CodeResolver(pid, layout, mem)
+        frames = 0
+        for tid, tstate in mapped.items():
+            problem = ""
+            for attempt in range(attempts):
+                if attempt:
+                    time.sleep(0.002)
+                try:
+                    frames += _check_thread(mem, layout, resolver, tid, tstate)
+                    break
+                except PyRuntimeUnsupported as exc:
+                    problem = str(exc)
+            else:
+                raise PyRuntimeUnsupported(problem)
+        if frames == 0:
+            raise PyRuntimeUnsupported("self-check: no thread has a Python frame")
+
+
+def _check_thread(
+    mem: ProcessMemory, layout: Layout, resolver: CodeResolver, tid: int, tstate: int
+) -> int:
+    try:
+        stack = walk_frames(mem, layout, tstate, max_frames=256, strict=True)
+    except MemoryReadError as exc:
+        raise PyRuntimeUnsupported(f"self-check: thread {tid}: {exc}") from exc
+    for code, index in stack:
+        _check_frame(mem, layout, resolver, tid, code, index)
+    return len(stack)
+
+
+def _check_frame(
+    mem: ProcessMemory, layout: Layout, resolver: CodeResolver, tid: int, code: int, index: int
+) -> None:
+    where = f"self-check: thread {tid}, code {code:#x}"
+    try:
+        ob_type = mem.u64(code + layout.ob_type)
+    except MemoryReadError as exc:
+        raise PyRuntimeUnsupported(f"{where}: unreadable: {exc}") from exc
+    if ob_type != layout.code_type_addr:
+        raise PyRuntimeUnsupported(
+            f"{where}: type {ob_type:#x} is not PyCode_Type ({layout.code_type_addr:#x})"
+        )
+    info = resolver.resolve(code)
+    table = resolver.linetable(code)
+    if info is None or table is None:
+        raise PyRuntimeUnsupported(f"{where}: name or line table unreadable")
+    if not -1 <= index < _table_units(layout, table):
+        raise PyRuntimeUnsupported(
+            f"{where} ({info.qualname}): instruction {index} outside its line table"
+        )
+    if resolver.line(code, index) is None and index >= 0:
+        # Only artificial instructions lack a line, and a suspended frame never rests on one.
+        raise PyRuntimeUnsupported(f"{where} ({info.qualname}): no line for instruction {index}")
