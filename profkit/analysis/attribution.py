@@ -1,5 +1,11 @@
 """Which Python call site, through which ATen op, made the pool burn its CPU.
 
+Stack method (the eBPF walker read the dispatching thread's Python stack at each region entry):
+every region names its own call site, the innermost Python frame of its stack, and the workers'
+on-CPU time from the region's start to the next region's start goes to that site. Regions
+without a stack (a thread the walker did not know yet, a failed read) are spread over the
+stacked ones in proportion, and their share is the uncertainty. No sampling is involved.
+
 Aligned method (eBPF regions and py-spy on one clock): a py-spy sample of the dispatching thread
 taken inside a region, whose native stack is in the OpenMP runtime, names that region's call
 site; every worker's on-CPU time from the region's start to the next region's start (the work
@@ -18,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .frames import KERNEL_OPS, aten_op, is_openmp_frame
-from .records import PySpySpans, SchedData
+from .records import PyFrame, PySpySpans, SchedData
 
 # py-spy stamps a sample after unwinding it, a little after the moment the thread was stopped.
 ALIGN_TOLERANCE_NS = 3_000_000
@@ -48,15 +54,18 @@ class SiteShare:
     regions: int
     samples: int
     code: str | None
+    stack: tuple[PyFrame, ...] = ()  # the site's Python stack, outermost first (stack method)
 
 
 @dataclass(frozen=True)
 class Attribution:
-    method: str  # "aligned", "proportional" or "none"
+    method: str  # "stack", "aligned", "proportional" or "none"
     reason: str
     uncertainty: float  # in share units, 0..1
-    labelled_share: float  # aligned: fraction of pool CPU in regions with a sampled site
+    labelled_share: float  # stack/aligned: fraction of pool CPU in regions with a known site
     sites: tuple[SiteShare, ...]
+    regions: int = 0  # regions of the dispatching threads in the window
+    regions_with_stack: int = 0  # of them, those the eBPF walker read a Python stack for
 
 
 @dataclass(frozen=True)
@@ -158,6 +167,10 @@ def attribute(
     window: tuple[int, int],
     worker_kernels: list[str],
 ) -> Attribution:
+    if sched is not None and sched.python_stacks:
+        stacked = by_stack(sched, dispatchers, workers, pool_cores, window, worker_kernels)
+        if stacked is not None:
+            return stacked
     if spans is None:
         return Attribution(
             "none", "no py-spy samples: the dispatching Python code is unknown", 1.0, 0.0, ()
@@ -272,3 +285,85 @@ def _aligned(
     if not len(sched.slice_tid):
         reason += " (regions weighed by length: the scheduler was not traced)"
     return weights, dict(regions_by_site), "aligned", reason, labelled
+
+
+def _regions_in_window(
+    sched: SchedData, dispatchers: set[int], window: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, stack index) of the dispatchers' regions that start in the window, in
+    start order."""
+    mask = (sched.region_start >= window[0]) & (sched.region_start <= window[1])
+    if dispatchers:
+        mask &= np.isin(sched.region_tid, list(dispatchers))
+    order = np.argsort(sched.region_start[mask], kind="stable")
+    return (
+        sched.region_start[mask][order],
+        sched.region_end[mask][order],
+        sched.stacks_of_regions()[mask][order],
+    )
+
+
+def by_stack(
+    sched: SchedData,
+    dispatchers: set[int],
+    workers: set[int],
+    pool_cores: float,
+    window: tuple[int, int],
+    worker_kernels: list[str],
+) -> Attribution | None:
+    """Each region's worker time to the innermost Python frame of the stack it was
+    dispatched from; None when no region in the window carries a stack."""
+    starts, ends, stacks = _regions_in_window(sched, dispatchers, window)
+    known = stacks >= 0
+    if not known.any():
+        return None
+    if len(sched.slice_tid):
+        worker_ns = _worker_time_per_region(sched, workers, starts, window)
+        weighed = ""
+    else:
+        worker_ns = (np.minimum(ends, window[1]) - np.maximum(starts, window[0])).astype(float)
+        weighed = " (regions weighed by length: the scheduler was not traced)"
+    site_of: dict[int, Site] = {}
+    for index in np.unique(stacks[known]):
+        frames = sched.python_stacks[int(index)].frames
+        inner = frames[-1]
+        site_of[int(index)] = Site(inner.file, inner.line, inner.function)
+    weights: dict[Site, float] = {}
+    regions: Counter[Site] = Counter()
+    # The stack that dispatched most of a site's regions stands for the site.
+    stack_regions: dict[Site, Counter[int]] = {}
+    for index, ns in zip(stacks[known], worker_ns[known], strict=True):
+        site = site_of[int(index)]
+        weights[site] = weights.get(site, 0.0) + float(ns)
+        regions[site] += 1
+        stack_regions.setdefault(site, Counter())[int(index)] += 1
+    total = float(worker_ns.sum()) or 1.0
+    labelled = sum(weights.values()) / total
+    if sum(weights.values()) <= 0:
+        # Regions were seen but no worker time fell in them: count regions instead.
+        weights = {site: float(n) for site, n in regions.items()}
+        labelled = float(known.sum()) / len(stacks)
+    shares_total = sum(weights.values()) or 1.0
+    sites = []
+    for site, weight in sorted(weights.items(), key=lambda item: -item[1]):
+        share = weight / shares_total
+        stack = sched.python_stacks[stack_regions[site].most_common(1)[0][0]].frames
+        code = stack[-1].code
+        op, op_source = _resolve_op(Counter(), worker_kernels, code)
+        sites.append(
+            SiteShare(site, op, op_source, share, share * pool_cores, regions[site], 0, code, stack)
+        )
+    reason = (
+        f"{int(known.sum())} of {len(stacks)} regions carry their Python stack (eBPF walker)"
+        + ("" if known.all() else "; the rest is spread in proportion")
+        + weighed
+    )
+    return Attribution(
+        "stack",
+        reason,
+        max(0.0, 1.0 - labelled),
+        labelled,
+        tuple(sites),
+        regions=len(stacks),
+        regions_with_stack=int(known.sum()),
+    )

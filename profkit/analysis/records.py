@@ -63,6 +63,24 @@ class PerfSamples:
 
 
 @dataclass(frozen=True)
+class PyFrame:
+    file: str
+    function: str
+    line: int
+    code: str | None = None  # the source line, read from the target's file at capture
+
+
+@dataclass(frozen=True)
+class PyStack:
+    """A Python stack the eBPF walker read at region entries, outermost frame first."""
+
+    frames: tuple[PyFrame, ...]
+    regions: int
+    region_ns: int
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
 class SchedData:
     threads: dict[int, dict[str, int]]
     wakeups: tuple[tuple[int, int, int], ...]
@@ -78,6 +96,16 @@ class SchedData:
     uprobes_attached: bool
     scheduler_traced: bool = True  # False when the tracepoints were skipped to fit the budget
     regions_skipped: str = ""  # why the region probes were detached, when they were
+    # Each region's index into python_stacks, -1 where the walker read none.
+    region_stack: np.ndarray | None = None
+    python_stacks: tuple[PyStack, ...] = ()
+    walker: str = "off"  # "on" when the eBPF stack walker ran
+    walker_reason: str = ""
+
+    def stacks_of_regions(self) -> np.ndarray:
+        if self.region_stack is None or len(self.region_stack) != len(self.region_start):
+            return np.full(len(self.region_start), -1, dtype=I64)
+        return self.region_stack
 
 
 @dataclass(frozen=True)
@@ -228,9 +256,33 @@ def _sched(directory: Path) -> SchedData | None:
             uprobes_attached=any(a.startswith("uprobe:") for a in attached),
             scheduler_traced=any(a.startswith("tracepoint:sched") for a in attached),
             regions_skipped=str((data.get("regions_decision") or {}).get("reason", "")),
+            region_stack=(
+                _array(regions["stack"], "stack", "ebpf.json") if "stack" in regions else None
+            ),
+            **_python_stacks(data.get("python") or {}),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise BadBundle(f"ebpf.json lacks {exc}") from exc
+
+
+def _python_stacks(python: dict) -> dict[str, object]:
+    stacks = tuple(
+        PyStack(
+            frames=tuple(
+                PyFrame(str(f["file"]), str(f["function"]), int(f["line"]), f.get("code"))
+                for f in stack["frames"]
+            ),
+            regions=int(stack.get("regions", 0)),
+            region_ns=int(stack.get("region_ns", 0)),
+            truncated=bool(stack.get("truncated", False)),
+        )
+        for stack in python.get("stacks", [])
+    )
+    return {
+        "python_stacks": stacks,
+        "walker": str(python.get("walker", "off")),
+        "walker_reason": str(python.get("reason", "")),
+    }
 
 
 def _cgroup(directory: Path) -> CgroupSeries | None:

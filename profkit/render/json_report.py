@@ -57,6 +57,7 @@ def report_dict(report: Report) -> dict[str, object]:
                 "dispatchers": list(p.pool.dispatchers),
                 "cores": _r(p.cores),
                 "regions": p.regions,
+                "regions_with_stack": p.attribution.regions_with_stack,
                 "activity": (
                     {k: _r(v) for k, v in p.activity.shares.items()}
                     if p.activity and p.activity.samples
@@ -87,6 +88,9 @@ def report_dict(report: Report) -> dict[str, object]:
                 "samples": s.samples,
                 "method": p.attribution.method,
                 "uncertainty": _r(p.attribution.uncertainty),
+                "stack": [
+                    {"file": f.file, "function": f.function, "line": f.line} for f in s.stack
+                ],
             }
             for p in report.pools
             for s in p.attribution.sites

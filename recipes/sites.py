@@ -1,0 +1,123 @@
+"""Three call sites that dispatch parallel regions in a known 1:2:3 ratio.
+
+Each round dispatches one region from `site_one`, two from `site_two` and three from
+`site_three` (the last through two helper frames), each region the same work. A profiler that
+names call sites must find them in that ratio.
+
+--pool torch: the region is `destination.copy_(source)` on torch's OpenMP pool.
+--pool gomp: the region is a bare GOMP_parallel(free, NULL, threads) through ctypes on torch's
+libgomp (or the system's), with no import but the standard library, so that the recipe runs
+under any CPython.
+--thread: the rounds run on a second Python thread, not the main one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import functools
+import glob
+import os
+import signal
+import sys
+import threading
+import time
+
+
+def site_one(dispatch):
+    dispatch()  # site one
+
+
+def site_two(dispatch):
+    dispatch()  # site two
+
+
+def site_three(dispatch):
+    dispatch()  # site three
+
+
+def helper_inner(dispatch):
+    site_three(dispatch)  # helper inner
+
+
+def helper_outer(dispatch):
+    helper_inner(dispatch)  # helper outer
+
+
+def one_round(dispatch):
+    site_one(dispatch)
+    for _ in range(2):
+        site_two(dispatch)
+    for _ in range(3):
+        helper_outer(dispatch)
+
+
+def gomp_library():
+    """torch's bundled libgomp where this project's environment has it, else the system's."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    pattern = os.path.join(here, "..", ".venv", "lib", "python3*", "site-packages", "torch", "lib")
+    for lib in sorted(glob.glob(os.path.join(pattern, "libgomp*.so*"))):
+        return lib
+    return ctypes.util.find_library("gomp")
+
+
+def make_dispatch(pool, threads, megabytes):
+    if pool == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+        source = torch.randint(0, 255, (int(megabytes * 1024 * 1024),), dtype=torch.uint8)
+        destination = torch.empty_like(source)
+        return functools.partial(destination.copy_, source)
+    path = gomp_library()
+    if not path:
+        raise SystemExit("no libgomp found")
+    gomp = ctypes.CDLL(path)
+    libc = ctypes.CDLL(None)
+    # free(NULL) on every team thread: a real region whose body does nothing.
+    body = ctypes.cast(libc.free, ctypes.c_void_p)
+    gomp.GOMP_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+    gomp.GOMP_parallel.restype = None
+    return functools.partial(gomp.GOMP_parallel, body, None, threads, 0)
+
+
+def run(dispatch, stop, rounds_per_s, counter):
+    pause = 1.0 / rounds_per_s if rounds_per_s > 0 else 0.0
+    while not stop.is_set():
+        one_round(dispatch)
+        counter[0] += 1
+        if pause:
+            time.sleep(pause)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pool", choices=["torch", "gomp"], default="torch")
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--mb", type=float, default=4.0, help="copy size (--pool torch)")
+    parser.add_argument("--rounds-per-s", type=float, default=0.0, help="0: as fast as it can")
+    parser.add_argument("--thread", action="store_true", help="dispatch from a second thread")
+    args = parser.parse_args(argv)
+    dispatch = make_dispatch(args.pool, args.threads, args.mb)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    counter = [0]
+    version = ".".join(map(str, sys.version_info[:2]))
+    print(f"ready sites pid={os.getpid()} pool={args.pool} python={version}", flush=True)
+    if args.thread:
+        worker = threading.Thread(
+            target=run, args=(dispatch, stop, args.rounds_per_s, counter), name="dispatcher"
+        )
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.2)
+    else:
+        run(dispatch, stop, args.rounds_per_s, counter)
+    print(f"rounds={counter[0]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
