@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,13 +28,36 @@ def needs_root() -> pytest.MarkDecorator:
 
 
 class Recipe:
-    """A running recipe process; stopped (never left stopped) when the test ends."""
+    """A running recipe process; stopped (never left stopped) when the test ends.
+
+    Its output is read all the time by a thread: a recipe that prints progress into a pipe
+    nobody reads would block in write() once the pipe fills, and a test would then profile a
+    blocked process."""
 
     def __init__(self, process: subprocess.Popen[str], group: QuotaGroup | None) -> None:
         self.process = process
         self.group = group
         self.pid = process.pid
         self.output = ""
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name="recipe-output", daemon=True)
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line)
+
+    def start_reading(self) -> None:
+        self._reader.start()
+
+    def readline(self, timeout: float) -> str:
+        """The next line the recipe printed, or "" if none came within timeout seconds."""
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            return ""
+        self.output += line
+        return line
 
     def stop(self) -> str:
         if self.process.poll() is None:
@@ -40,13 +65,13 @@ class Recipe:
                 os.kill(self.pid, signal.SIGCONT)
                 self.process.send_signal(signal.SIGINT)
             try:
-                out, _ = self.process.communicate(timeout=20)
+                self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                out, _ = self.process.communicate()
-        else:
-            out, _ = self.process.communicate()
-        self.output += out or ""
+                self.process.wait()
+        self._reader.join(timeout=10)
+        while not self._lines.empty():
+            self.output += self._lines.get()
         return self.output
 
     def copies(self) -> int:
@@ -77,6 +102,7 @@ def _start(args: list[str], group: QuotaGroup | None, env: dict[str, str] | None
     assert process.stdout is not None
     first = process.stdout.readline()  # the recipe prints its header once torch is loaded
     recipe.output = first
+    recipe.start_reading()
     if not first.startswith(("shm_fanout", "ready")):
         recipe.stop()
         raise AssertionError(f"recipe failed to start: {recipe.output}")

@@ -15,7 +15,7 @@ import pytest
 
 from profkit import procfs
 
-from .conftest import ROOT, needs_root, run_profkit
+from .conftest import ROOT, Recipe, needs_root, run_profkit
 
 pytestmark = [needs_root(), pytest.mark.live]
 ALL = ("--collectors", "all")
@@ -55,14 +55,14 @@ def leftovers(bundle: Path) -> list[str]:
     return found
 
 
-def copies_per_s(recipe, seconds: float) -> float:  # type: ignore[no-untyped-def]
-    """The recipe's rate over the next seconds, from its progress lines. Lines written before
-    the call waited in the pipe (which may have filled and held the recipe): they are skipped."""
+def copies_per_s(recipe: Recipe, seconds: float) -> float:
+    """The recipe's rate over the next seconds, from its progress lines (lines printed before
+    the call are skipped)."""
     marks = []
     since = time.monotonic_ns()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        line = recipe.process.stdout.readline()
+        line = recipe.readline(timeout=max(0.0, deadline - time.monotonic()))
         if line.startswith("progress"):
             t_ns = int(line.split("t_ns=")[1])
             if t_ns >= since:
