@@ -5,7 +5,8 @@
 This process copies a 256-KB tensor in a loop (one parallel region per copy, a few us each) and
 alternates bare windows with windows where profkit's region program is attached to itself, for
 each probe layout: the symbol and its `ret`s (the old way), and the points
-profkit/probe_points.py chooses. Prints the time per copy and the added time per region.
+profkit/probe_points.py chooses, without and with the Python stack walker (the copies run
+--depth Python frames deep). Prints the time per copy and the added time per region.
 """
 
 from __future__ import annotations
@@ -23,12 +24,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from profkit.bccload import load_bcc
 from profkit.collectors.ebpf import OpenMPProgram
+from profkit.collectors.pywalk import compile_flags
 from profkit.probe_points import entry_point, gomp_region_end
+from profkit.pyruntime import detect, thread_states
 from profkit.returns import return_sites
 from profkit.target import Runtime
 
 
-def copies_per_s(source: torch.Tensor, destination: torch.Tensor, seconds: float) -> float:
+def copies_per_s(
+    source: torch.Tensor, destination: torch.Tensor, seconds: float, depth: int = 0
+) -> float:
+    """Copies a second, with `depth` more Python frames under the loop (what the walker reads)."""
+    if depth > 0:
+        return copies_per_s(source, destination, seconds, depth - 1)
     done, begin = 0, time.perf_counter()
     while True:
         for _ in range(200):
@@ -39,16 +47,31 @@ def copies_per_s(source: torch.Tensor, destination: torch.Tensor, seconds: float
             return done / (now - begin)
 
 
-def layouts(path: str) -> dict[str, tuple[dict, list[int]]]:
-    """name -> (attach_uprobe arguments of the entry, addresses of the end probes)."""
-    found: dict[str, tuple[dict, list[int]]] = {}
+def layouts(path: str) -> dict[str, tuple[dict, list[int], bool]]:
+    """name -> (attach_uprobe arguments of the entry, addresses of the end probes, walker)."""
+    found: dict[str, tuple[dict, list[int], bool]] = {}
     returns = return_sites(path, "GOMP_parallel")
     if returns:
-        found["symbol + each ret"] = ({"sym": "GOMP_parallel"}, returns)
+        found["symbol + each ret"] = ({"sym": "GOMP_parallel"}, returns, False)
     entry, end = entry_point(path, "GOMP_parallel"), gomp_region_end(path)
     if entry and end:
-        found["emulated points"] = ({"addr": entry.address}, [end.address])
+        found["emulated points"] = ({"addr": entry.address}, [end.address], False)
+        found["emulated + walker"] = ({"addr": entry.address}, [end.address], True)
     return found
+
+
+def load(bcc, path: str, walker: bool):  # type: ignore[no-untyped-def]  # bcc has no stubs
+    """The region program, with the walker reading this process's own threads."""
+    if not walker:
+        return bcc.BPF(text=OpenMPProgram(Runtime("libgomp", path)).source())
+    layout = detect(os.getpid())
+    bpf = bcc.BPF(
+        text=OpenMPProgram(Runtime("libgomp", path)).source(), cflags=compile_flags(layout)
+    )
+    table = bpf["tstates"]
+    for tid, tstate in thread_states(os.getpid(), layout).items():
+        table[table.Key(tid)] = table.Leaf(tstate)
+    return bpf
 
 
 def main() -> int:
@@ -56,6 +79,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--depth", type=int, default=10, help="Python frames under the loop")
     args = parser.parse_args()
     bcc = load_bcc()
     torch.set_num_threads(args.threads)
@@ -67,19 +91,22 @@ def main() -> int:
     destination = torch.empty_like(source)
     copies_per_s(source, destination, 1.0)
     shown = Path(path).relative_to(Path(torch.__file__).parent.parent)
-    print(f"# {shown}, {args.threads} threads, {args.rounds} rounds of {args.seconds:g} s")
-    for name, (entry, ends) in layouts(path).items():
+    print(
+        f"# {shown}, {args.threads} threads, {args.rounds} rounds of {args.seconds:g} s, "
+        f"{args.depth} extra Python frames"
+    )
+    for name, (entry, ends, walker) in layouts(path).items():
         bare, probed = [], []
         for _ in range(args.rounds):
-            bare.append(copies_per_s(source, destination, args.seconds))
-            bpf = bcc.BPF(text=OpenMPProgram(Runtime("libgomp", path)).source())
+            bare.append(copies_per_s(source, destination, args.seconds, args.depth))
+            bpf = load(bcc, path, walker)
             try:
                 bpf.attach_uprobe(name=path, fn_name="on_gomp_parallel", pid=os.getpid(), **entry)
                 for address in ends:
                     bpf.attach_uprobe(
                         name=path, addr=address, fn_name="on_region_return", pid=os.getpid()
                     )
-                probed.append(copies_per_s(source, destination, args.seconds))
+                probed.append(copies_per_s(source, destination, args.seconds, args.depth))
             finally:
                 bpf.cleanup()
         per_bare = 1e6 / statistics.median(bare)

@@ -117,7 +117,7 @@ static inline u64 walk_python(void) {
         u64 ip = *(u64 *)(buf + PY_FRAME_INSTR);
         u32 instr = (u32)((ip - code - PY_CODE_ADAPTIVE) / 2) & ~PY_SHIM_FRAME;
 #endif
-#if PY_FRAME_OWNER >= 0
+#if PY_FRAME_OWNER >= 0 && PY_OWNER_CSTACK >= 0
         if (buf[PY_FRAME_OWNER] == PY_OWNER_CSTACK)
             instr |= PY_SHIM_FRAME;
 #endif

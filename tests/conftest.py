@@ -81,7 +81,12 @@ class Recipe:
         raise AssertionError(f"recipe printed no summary: {self.output!r}")
 
 
-def _start(args: list[str], group: QuotaGroup | None, env: dict[str, str] | None) -> Recipe:
+def _start(
+    args: list[str],
+    group: QuotaGroup | None,
+    env: dict[str, str] | None,
+    python: str | None = None,
+) -> Recipe:
     leaf_procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs] if group else []
 
     def join() -> None:
@@ -90,7 +95,7 @@ def _start(args: list[str], group: QuotaGroup | None, env: dict[str, str] | None
                 handle.write(str(os.getpid()))
 
     process = subprocess.Popen(
-        [sys.executable, "-u", *args],
+        [python or sys.executable, "-u", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -111,7 +116,8 @@ def _start(args: list[str], group: QuotaGroup | None, env: dict[str, str] | None
 
 @pytest.fixture
 def start_recipe() -> Iterator:
-    """start_recipe(script, *args, cores=None, on_parent=False, env=None, warmup=0.5)."""
+    """start_recipe(script, *args, cores=None, on_parent=False, env=None, warmup=0.5,
+    python=None): python is another interpreter to run the recipe with."""
     started: list[Recipe] = []
     stack = contextlib.ExitStack()
 
@@ -122,9 +128,10 @@ def start_recipe() -> Iterator:
         on_parent: bool = False,
         env: dict[str, str] | None = None,
         warmup: float = 0.5,
+        python: str | None = None,
     ) -> Recipe:
         group = stack.enter_context(quota_group(cores, on_parent=on_parent)) if cores else None
-        recipe = _start([str(RECIPES / script), *args], group, env)
+        recipe = _start([str(RECIPES / script), *args], group, env, python)
         started.append(recipe)
         time.sleep(warmup)
         return recipe
