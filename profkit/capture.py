@@ -26,6 +26,8 @@ from .cgroup import cpu_cgroup
 from .clock import NS_PER_S, Clock, monotonic_ns
 from .collectors import REGISTRY
 from .collectors.base import CaptureContext, Collector, CollectorResult
+from .collectors.ebpf import EbpfCollector
+from .collectors.pywalk import PythonWalker
 from .errors import CaptureFailed, CgroupError, UsageError
 from .quota_report import diagnose
 from .runs import RunRecord
@@ -41,7 +43,9 @@ from .target import Target, ensure_same, pool_threads
 # Start order: the slow eBPF compile first, so that it does not eat into the window.
 ALL_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
 # perf stat repeats what /proc and eBPF already count, at a cost (docs/collectors.md): opt-in.
-DEFAULT_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_record", "pyspy")
+# py-spy stops the target per sample: it joins the default set only where the eBPF walker
+# cannot read the target's Python stacks (plan_collectors).
+DEFAULT_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_record")
 # Teardown: the samplers first, so that their last samples close the window (the /proc
 # sampler's last full one is each thread's CPU at the end); then the tools all at once, since
 # one after the other they took 5.3 s on 2 cores (py-spy 1.5, perf record 2.8, eBPF 0.8), most
@@ -68,6 +72,28 @@ class CaptureRequest:
     options: dict[str, str] = field(default_factory=dict)
     clock: Clock = monotonic_ns
     budget: Budget = field(default_factory=Budget)
+
+
+def plan_collectors(
+    text: str | None, target: Target, python_stacks: str = "auto"
+) -> tuple[tuple[str, ...], str]:
+    """The collectors to run, and why py-spy was added to the default set ("" if it was not).
+    Asked-for collectors are run as asked."""
+    if text:
+        return parse_collectors(text), ""
+    availability = EbpfCollector().available(target)
+    if not availability.ok:
+        why = f"eBPF is unavailable ({availability.reason})"
+    elif python_stacks == "off":
+        why = "the eBPF stack walker is off (--python-stacks off)"
+    else:
+        walker = PythonWalker(target.pid)
+        if walker.prepare():
+            return DEFAULT_COLLECTORS, ""
+        why = walker.reason.replace(
+            "Python stack walker off: ", "the eBPF stack walker cannot run: "
+        )
+    return (*DEFAULT_COLLECTORS, "pyspy"), f"py-spy samples the Python stacks: {why}"
 
 
 def parse_collectors(text: str | None) -> tuple[str, ...]:
@@ -169,7 +195,9 @@ def _start_collectors(
     running: dict[str, Collector] = {}
     for name in ALL_COLLECTORS:
         if name not in request.collectors:
-            results[name] = CollectorResult(name, "skipped", "not requested (--collectors)")
+            results[name] = CollectorResult(
+                name, "skipped", "not in this capture's set (--collectors adds it)"
+            )
             continue
         collector = REGISTRY[name]()
         availability = collector.available(request.target)

@@ -49,6 +49,7 @@ class PySpySpans:
     sources: dict[str, str]
     span_rate_hz: np.ndarray  # each span's own rate (py-spy may be restarted at a lower one)
     span_native: np.ndarray  # 1: sampled with --native (native frames present), 0: --nonblocking
+    source: str = "py-spy"  # or "ebpf": the walker's on-CPU samples, one span per sample
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,51 @@ def _pyspy(directory: Path, manifest: dict) -> PySpySpans | None:
         raise BadBundle(f"pyspy.json lacks {exc}") from exc
 
 
+def python_samples_from_ebpf(directory: Path) -> PySpySpans | None:
+    """The eBPF walker's on-CPU samples of the Python threads, in py-spy's shape: one span per
+    sample, Python frames only (no native frames, as py-spy --nonblocking)."""
+    data = load_part(directory, "ebpf.json")
+    python = (data or {}).get("python") or {}
+    samples = python.get("samples")
+    if not samples or not samples.get("t_ns"):
+        return None
+    try:
+        frames: dict[tuple[str, str, int], int] = {}
+        sources: dict[str, str] = {}
+        stacks: list[tuple[int, ...]] = []
+        for stack in python["stacks"]:
+            ids = []
+            for f in stack["frames"]:
+                key = (str(f["function"]), str(f["file"]), int(f["line"]))
+                ids.append(frames.setdefault(key, len(frames)))
+                if f.get("code"):
+                    sources[f"{f['file']}:{f['line']}"] = str(f["code"])
+            stacks.append(tuple(ids))
+        # A sample whose walk found no Python frame keeps an empty stack.
+        empty = len(stacks)
+        stacks.append(())
+        stack = np.asarray(samples["stack"], dtype=I64)
+        stack = np.where(stack >= 0, stack, empty)
+        t_ns = _array(samples["t_ns"], "t_ns", "ebpf.json")
+        rate = int(samples.get("rate_hz", 49))
+        return PySpySpans(
+            frames=tuple(Frame(*key) for key in frames),
+            stacks=tuple(stacks),
+            names={},
+            tid=_array(samples["tid"], "tid", "ebpf.json"),
+            start_ns=t_ns,
+            end_ns=t_ns,
+            stack=stack,
+            rate_hz=rate,
+            sources=sources,
+            span_rate_hz=np.full(len(t_ns), rate, dtype=I64),
+            span_native=np.zeros(len(t_ns), dtype=I64),
+            source="ebpf",
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadBundle(f"ebpf.json's Python samples lack {exc}") from exc
+
+
 def _perf(directory: Path, manifest: dict) -> PerfSamples | None:
     data = load_part(directory, "perf.json")
     if data is None:
@@ -314,7 +360,7 @@ def load_bundle(directory: Path | str) -> Bundle:
         directory,
         manifest,
         _proc(directory),
-        _pyspy(directory, manifest),
+        _pyspy(directory, manifest) or python_samples_from_ebpf(directory),
         _perf(directory, manifest),
         _sched(directory),
         _cgroup(directory),

@@ -12,6 +12,7 @@ import ctypes
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 
@@ -19,13 +20,16 @@ from .. import procfs
 from ..bccload import BccUnavailable, load_bcc
 from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
 from ..clock import Clock
-from ..probe_points import entry_point, gomp_region_end, hit_cost_s
+from ..probe_points import ProbePoint, entry_point, gomp_region_end, hit_cost_s
 from ..returns import return_sites
 from ..target import Runtime, Target
 from .base import Availability, CaptureContext, CollectorResult
 from .pywalk import PythonWalker
 
 NORMALISED_FILE = "ebpf.json"
+# The walker's on-CPU sampling rate, per CPU: a prime off the timer ticks (as perf's 49 and 99),
+# and cheap since every other process's sample returns at the first test.
+PYTHON_SAMPLE_HZ = 49
 
 
 def probe_source(name: str) -> str:
@@ -46,22 +50,34 @@ class SchedProgram:
 
 @dataclass(frozen=True)
 class OpenMPProgram:
-    runtime: Runtime
+    """The target's process program: the Python stack walker and its on-CPU sampler
+    (probes/pystack.bpf.c, active when compiled with the walker's flags) and the OpenMP region
+    probes (probes/openmp.bpf.c), compiled as one."""
+
+    runtime: Runtime | None
+    tgid: int = 0
 
     @property
     def entry(self) -> tuple[str, str]:
         """(symbol, handler) of the runtime's fork entry point."""
-        if self.runtime.name == "libiomp5":
+        if self.runtime is not None and self.runtime.name == "libiomp5":
             return "__kmpc_fork_call", "on_kmpc_fork_call"
         return "GOMP_parallel", "on_gomp_parallel"
 
-    region_capacity: int = 1 << 18  # 6 MiB of kernel memory: 2.5 min at 1 700 regions/s
+    region_capacity: int = 1 << 18  # 8 MiB of kernel memory: 2.5 min at 1 700 regions/s
+    sample_capacity: int = 1 << 17  # 3 MiB: 22 min of two CPUs sampled at PYTHON_SAMPLE_HZ
 
     def source(self) -> str:
-        return probe_source("openmp.bpf.c").replace("REGION_CAPACITY", str(self.region_capacity))
+        walker = (
+            probe_source("pystack.bpf.c")
+            .replace("TARGET_TGID", str(self.tgid))
+            .replace("SAMPLE_CAPACITY", str(self.sample_capacity))
+        )
+        regions = probe_source("openmp.bpf.c").replace("REGION_CAPACITY", str(self.region_capacity))
+        return walker + regions
 
 
-def decide_sched(context: CaptureContext) -> dict[str, object]:
+def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) -> dict[str, object]:
     """Whether to trace the scheduler: its tracepoints run on every context switch of the
     machine, so on a busy one they cost more than their share of the budget
     (docs/collectors.md)."""
@@ -73,7 +89,7 @@ def decide_sched(context: CaptureContext) -> dict[str, object]:
             "reason": "" if setting == "on" else "scheduler tracepoints off (--ebpf-sched off)",
         }
     budget = SCHED_TRACE_SHARE * float(context.options.get("overhead_budget", "0.02"))
-    rate = machine_switch_rate(context.clock)
+    rate = (switches or SwitchRate(context.clock)).rate()
     share = sched_trace_share(rate, os.cpu_count() or 1)
     decision: dict[str, object] = {
         "traced": share <= budget,
@@ -93,12 +109,45 @@ def decide_sched(context: CaptureContext) -> dict[str, object]:
     return decision
 
 
+class SwitchRate:
+    """Context switches per second on the whole machine, from /proc/stat's ctxt, counted from
+    construction: the start-up work in between is measured over rather than slept through."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.before, self.start = procfs.read_context_switches(), clock()
+
+    def rate(self, at_least_s: float = 0.25) -> float:
+        remaining = at_least_s - (self.clock() - self.start) / 1e9
+        if remaining > 0:
+            time.sleep(remaining)
+        after, end = procfs.read_context_switches(), self.clock()
+        return (after - self.before) / max(1e-9, (end - self.start) / 1e9)
+
+
 def machine_switch_rate(clock: Clock, seconds: float = 0.25) -> float:
-    """Context switches per second on the whole machine, from /proc/stat's ctxt."""
-    before, start = procfs.read_context_switches(), clock()
-    time.sleep(seconds)
-    after, end = procfs.read_context_switches(), clock()
-    return (after - before) / max(1e-9, (end - start) / 1e9)
+    return SwitchRate(clock).rate(seconds)
+
+
+@dataclass(frozen=True)
+class RegionPoints:
+    """Where the region probes of one runtime go (profkit/probe_points.py)."""
+
+    symbol: str
+    handler: str
+    entry: ProbePoint | None
+    end: ProbePoint | None
+    returns: list[int] | None
+
+
+def region_points(program: OpenMPProgram) -> RegionPoints:
+    assert program.runtime is not None
+    symbol, handler = program.entry
+    path = program.runtime.path
+    entry = entry_point(path, symbol)
+    end = gomp_region_end(path) if symbol == "GOMP_parallel" else None
+    returns = None if end else return_sites(path, symbol)
+    return RegionPoints(symbol, handler, entry, end, returns)
 
 
 class EbpfCollector:
@@ -127,6 +176,9 @@ class EbpfCollector:
             "stack": [],  # index into the walker's stacks, -1 for none
         }
         self.walker: PythonWalker | None = None
+        self._region_probes: list[tuple[str, dict[str, object]]] = []
+        self.regions_detached = False
+        self._sampling = False
         self.lost = {"slices": 0, "regions": 0}
         self.attached: list[str] = []
         self.warnings: list[str] = []
@@ -145,12 +197,33 @@ class EbpfCollector:
         target = context.target
         sched = SchedProgram(target.pid)
         runtime = target.openmp_runtime
+        program = OpenMPProgram(runtime, target.pid)
+        self.walker = PythonWalker(target.pid)
+        flags = self.walker.prepare() if context.options.get("python_stacks") != "off" else []
+        if not flags:
+            self.walker.reason = self.walker.reason or "Python stack walker off (--python-stacks)"
+            self.warnings.append(self.walker.reason)
         if self.print_programs:
             print(f"/* --- sched --- */\n{sched.source()}")
-            if runtime is not None:
-                print(f"/* --- openmp --- */\n{OpenMPProgram(runtime).source()}")
-        self.sched_decision = decide_sched(context)
+            print(f"/* --- process ({' '.join(flags)}) --- */\n{program.source()}")
+        switches = SwitchRate(context.clock)
+        found: RegionPoints | None = None
         try:
+            if runtime is not None or flags:
+                # objdump finds the probe points while clang compiles: both run outside the GIL.
+                with ThreadPoolExecutor(1) as pool:
+                    points = pool.submit(region_points, program) if runtime else None
+                    bpf = bcc.BPF(text=program.source(), cflags=flags)  # type: ignore[attr-defined]
+                    found = points.result() if points else None
+                self._bpf.append(bpf)
+                self._openmp_bpf = bpf
+                if flags:
+                    self._attach_sampler(bcc, bpf)
+                    self.walker.attach(bpf)
+                if found is not None:
+                    self._attach_openmp(program, target.pid, found)
+            regions_from = (context.clock(), _entries(self._openmp_bpf) if found else 0)
+            self.sched_decision = decide_sched(context, switches)
             if self.sched_decision["traced"]:
                 sched_bpf = bcc.BPF(text=sched.source())
                 self._bpf.append(sched_bpf)
@@ -163,40 +236,49 @@ class EbpfCollector:
                 ]
             else:
                 self.warnings.append(str(self.sched_decision["reason"]))
-            if runtime is not None:
-                self._attach_openmp(bcc, OpenMPProgram(runtime), target.pid)
-                self._judge_region_rate(context)
+            if found is not None and self._region_probes:
+                self._judge_region_rate(context, *regions_from)
         except Exception:
             self.cleanup()
             raise
         self._start_ns = context.clock()
 
-    def _attach_openmp(self, bcc: object, program: OpenMPProgram, pid: int) -> None:
-        symbol, handler = program.entry
+    def _attach_sampler(self, bcc: object, bpf: object) -> None:
+        """The walker's on-CPU sampler: a cpu-clock event on every CPU, kept to the target's
+        Python threads by the program."""
+        bpf.attach_perf_event(  # type: ignore[attr-defined]
+            ev_type=bcc.PerfType.SOFTWARE,  # type: ignore[attr-defined]
+            ev_config=bcc.PerfSWConfig.CPU_CLOCK,  # type: ignore[attr-defined]
+            fn_name="on_cpu_sample",
+            sample_freq=PYTHON_SAMPLE_HZ,
+        )
+        self._sampling = True
+        self.attached.append(f"perf_event:cpu-clock@{PYTHON_SAMPLE_HZ}Hz (Python stacks)")
+
+    def _attach_openmp(self, program: OpenMPProgram, pid: int, points: RegionPoints) -> None:
+        assert program.runtime is not None and self._openmp_bpf is not None
+        symbol, handler = points.symbol, points.handler
+        entry, end, returns = points.entry, points.end, points.returns
         path = program.runtime.path
-        self.walker = PythonWalker(pid)
-        flags = self.walker.prepare()
-        if not flags:
-            self.warnings.append(self.walker.reason)
-        bpf = bcc.BPF(text=program.source(), cflags=flags)  # type: ignore[attr-defined]
-        self._bpf.append(bpf)
-        self._openmp_bpf = bpf
-        entry = entry_point(path, symbol)
-        end = gomp_region_end(path) if symbol == "GOMP_parallel" else None
-        returns = None if end else return_sites(path, symbol)
+        bpf = self._openmp_bpf
+
+        def probe(kind: str, **where: object) -> None:
+            getattr(bpf, f"attach_{kind}")(name=path, pid=pid, **where)
+            self._region_probes.append((kind, {"name": path, "pid": pid, **where}))
+
         try:
             if entry:
-                bpf.attach_uprobe(name=path, addr=entry.address, fn_name=handler, pid=pid)
+                probe("uprobe", addr=entry.address, fn_name=handler)
             else:
-                bpf.attach_uprobe(name=path, sym=symbol, fn_name=handler, pid=pid)
+                probe("uprobe", sym=symbol, fn_name=handler)
             if end:
-                bpf.attach_uprobe(name=path, addr=end.address, fn_name="on_region_return", pid=pid)
+                probe("uprobe", addr=end.address, fn_name="on_region_return")
             elif returns:
                 # A uprobe on each `ret` rather than a uretprobe: see profkit/returns.py.
                 for address in returns:
-                    bpf.attach_uprobe(name=path, addr=address, fn_name="on_region_return", pid=pid)
+                    probe("uprobe", addr=address, fn_name="on_region_return")
             else:
-                bpf.attach_uretprobe(name=path, sym=symbol, fn_name="on_region_return", pid=pid)
+                probe("uretprobe", sym=symbol, fn_name="on_region_return")
                 self.warnings.append(
                     f"the returns of {symbol} could not be found (objdump/readelf missing or "
                     "an indirect jump): region ends come from a uretprobe, which makes "
@@ -205,8 +287,6 @@ class EbpfCollector:
         except Exception as exc:  # a stripped or unusual runtime: the rest still works
             self.warnings.append(f"uprobe on {symbol} in {path} failed: {exc}")
             return
-        if flags:
-            self.walker.attach(bpf)
         self._region_hit_s = hit_cost_s(entry) + hit_cost_s(end)
         self.attached.append(
             f"uprobe:{path}:{entry.address:#x} ({symbol} entry, {entry.instruction})"
@@ -224,15 +304,19 @@ class EbpfCollector:
         else:
             self.attached.append(f"uretprobe:{path}:{symbol}")
 
-    def _judge_region_rate(self, context: CaptureContext, seconds: float = 0.3) -> None:
-        """Count regions for a moment; detach the region probes when their traps would cost
-        the dispatching thread more than its share of the budget (a loop of small parallel
-        ops can start 100 000 regions a second: 2 us each is then 20% of its time)."""
+    def _judge_region_rate(
+        self, context: CaptureContext, start: int, before: int, seconds: float = 0.3
+    ) -> None:
+        """Count regions for a moment since the probes went on (start, before); detach them
+        when their traps would cost the dispatching thread more than its share of the budget
+        (a loop of small parallel ops can start 100 000 regions a second: 2 us each is then
+        20% of its time)."""
         bpf = self._openmp_bpf
         if bpf is None:
             return
-        before, start = _entries(bpf), context.clock()
-        time.sleep(seconds)
+        remaining = seconds - (context.clock() - start) / 1e9
+        if remaining > 0:
+            time.sleep(remaining)
         rate = (_entries(bpf) - before) / max(1e-9, (context.clock() - start) / 1e9)
         budget = REGION_PROBE_SHARE * float(context.options.get("overhead_budget", "0.02"))
         share = rate * self._region_hit_s
@@ -252,14 +336,13 @@ class EbpfCollector:
         )
         self.region_decision["reason"] = reason
         self.warnings.append(reason)
-        if self.walker is not None:
-            self.walker.halt()
-            self.walker.reason = "Python stack walker off: the region probes were detached"
-            self.walker.layout = None
-        self._bpf.remove(bpf)
-        with contextlib.suppress(Exception):
-            bpf.cleanup()  # type: ignore[attr-defined]
-        self._openmp_bpf = None
+        # Only the region probes go: the walker's sampler stays on the same program.
+        for kind, where in self._region_probes:
+            where = {k: v for k, v in where.items() if k != "fn_name"}
+            with contextlib.suppress(Exception):
+                getattr(bpf, f"detach_{kind}")(**where)
+        self._region_probes = []
+        self.regions_detached = True
         self.attached = [a for a in self.attached if not a.startswith(("uprobe:", "uretprobe:"))]
 
     def _seed_threads(self, bpf: object, pid: int) -> None:
@@ -306,9 +389,12 @@ class EbpfCollector:
             # starting regions while the log is read.
             entries, ended = self._check_ends(self._openmp_bpf)
             stack_index: dict[int, int] = {}
-            if self.walker is not None:
+            if self.walker is not None and self.walker.layout is not None:
                 python, stack_index = self.walker.read()
-            self._read_regions(self._openmp_bpf, ended, stack_index)
+            if not self.regions_detached:
+                self._read_regions(self._openmp_bpf, ended, stack_index)
+            if self._sampling:
+                python["samples"] = self._read_samples(self._openmp_bpf, stack_index)
             payload["region_entries"] = entries
             hist = self._openmp_bpf["duration_us_log2"]  # type: ignore[index]
             payload["histogram_us_log2"] = {
@@ -372,6 +458,18 @@ class EbpfCollector:
             for key in ("start_ns", "end_ns", "tid", "requested"):
                 self.regions[key].append(getattr(v, key))
             self.regions["stack"].append(stack_index.get(int(v.stack), -1))
+
+    def _read_samples(self, bpf: object, stack_index: dict[int, int]) -> dict[str, object]:
+        """The walker's on-CPU samples of the target's Python threads, in time order."""
+        count = int(bpf["sample_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+        columns: dict[str, list[int]] = {"t_ns": [], "tid": [], "stack": []}
+        lost = {"samples": 0}
+        for _, v in _read_log(bpf, "sample_log", count, lost, "samples"):
+            columns["t_ns"].append(int(v.t_ns))
+            columns["tid"].append(int(v.tid))
+            columns["stack"].append(stack_index.get(int(v.stack), -1))
+        self.lost["python_samples"] = lost["samples"]
+        return {"rate_hz": PYTHON_SAMPLE_HZ, **columns}
 
     def _read_slices(self, sched: object) -> None:
         """Copy the in-kernel slice log out in one batch, after the window."""

@@ -9,7 +9,7 @@ import click
 
 from ..budget import Budget, auto_mode, default_rate, pyspy_stop_share
 from ..bundle import default_directory
-from ..capture import CaptureRequest, capture, parse_collectors, progress_printer
+from ..capture import CaptureRequest, capture, plan_collectors, progress_printer
 from ..cgroup import CgroupError, cpu_cgroup
 from ..collectors.ebpf import EbpfCollector
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
@@ -34,6 +34,7 @@ def run_capture(
     cpu_budget: float = 0.5,
     pyspy_mode: str = "auto",
     ebpf_sched: str = "auto",
+    python_stacks: str = "auto",
 ) -> int:
     if duration <= 0:
         raise UsageError(f"--duration must be positive, got {duration:g}")
@@ -41,7 +42,9 @@ def run_capture(
         raise UsageError(f"--max-size must be positive, got {max_size_mb:g}")
     if stop_budget <= 0 or cpu_budget <= 0:
         raise UsageError("--budget and --cpu-budget must be positive")
-    parsed = parse_collectors(collectors)
+    parsed, pyspy_note = plan_collectors(collectors, target, python_stacks)
+    if pyspy_note:
+        click.echo(f"profkit: {pyspy_note}", err=True)
     for cleanup in clean_stale():
         click.echo(
             f"profkit: a capture by pid {cleanup.owner} was killed; cleaned up: "
@@ -75,6 +78,7 @@ def run_capture(
             "pyspy_mode": pyspy_mode,
             "pyspy_mode_reason": mode_reason,
             "ebpf_sched": ebpf_sched,
+            "python_stacks": python_stacks,
             "overhead_budget": str(stop_budget / 100),
         },
         budget=Budget(stopped_share=stop_budget / 100, tool_cores=cpu_budget),

@@ -66,6 +66,15 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "context-switch rate says they would cost more than their part (20%) of --budget.",
         ),
         click.option(
+            "--python-stacks",
+            type=click.Choice(["auto", "off"]),
+            default="auto",
+            show_default=True,
+            help="auto: the eBPF walker reads each parallel region's Python stack and samples "
+            "the Python threads on CPU, without stopping them (CPython 3.10-3.13); where it "
+            "cannot, py-spy joins the default collectors. off: no walker.",
+        ),
+        click.option(
             "--cpu-budget",
             type=float,
             default=0.5,
@@ -76,7 +85,8 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "--collectors",
             "-c",
             help="Comma-separated subset of ebpf, proc, cgroup, perf_stat, perf_record, pyspy, "
-            "or all (default: all but perf_stat).",
+            "or all (default: ebpf, proc, cgroup, perf_record, and pyspy where the eBPF walker "
+            "cannot read the target's Python stacks).",
         ),
         click.option(
             "--max-size",

@@ -75,7 +75,7 @@ def render_html(report: Report) -> str:
         ["", "cores"],
         [
             ["process (ground truth)", cpu["process_cores"]],
-            ["py-spy sampled", cpu["python_sampled_cores"]],
+            ["Python sampled", cpu["python_sampled_cores"]],
             ["python (interpreted)", categories["python"]],
             ["native in python threads", categories["native_in_python_threads"]],
             ["pool workers", categories["pool_workers"]],

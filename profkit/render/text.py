@@ -42,7 +42,7 @@ def render_text(report: Report) -> str:
     lines += ["", "WHERE THE CPU GOES (cores; /proc is the ground truth)"]
     rows = [
         ("process (ground truth)", f"{recon.process_cores:.2f}"),
-        ("py-spy sampled", f"{recon.python_sampled_cores:.2f}"),
+        ("Python sampled", f"{recon.python_sampled_cores:.2f}"),
         ("  python (interpreted)", f"{recon.python:.2f}"),
         ("  native in python threads", f"{recon.native_in_python_threads:.2f}"),
         ("  pool workers", f"{recon.pool_workers:.2f}"),
