@@ -138,6 +138,14 @@ CASES = {
     "non-python process": (["attach", "--pid", "{sleeper}", "--duration", "1"], EXIT_NOT_PYTHON),
     "garbage option": (["attach", "--pid", "{python}", "--frobnicate"], EXIT_USAGE),
     "rate out of range": (["attach", "--pid", "{python}", "--rate", "0"], EXIT_USAGE),
+    "duration nan": (["attach", "--pid", "{python}", "--duration", "nan"], EXIT_USAGE),
+    "duration inf": (["attach", "--pid", "{python}", "--duration", "inf"], EXIT_USAGE),
+    "budget nan": (["attach", "--pid", "{python}", "--budget", "nan"], EXIT_USAGE),
+    "cpu budget inf": (["attach", "--pid", "{python}", "--cpu-budget", "inf"], EXIT_USAGE),
+    "max size nan": (["attach", "--pid", "{python}", "--max-size", "nan"], EXIT_USAGE),
+    "perf rate zero": (["attach", "--pid", "{python}", "--perf-rate", "0"], EXIT_USAGE),
+    "empty collectors": (["attach", "--pid", "{python}", "--collectors", ""], EXIT_USAGE),
+    "blank collectors": (["attach", "--pid", "{python}", "--collectors", " , "], EXIT_USAGE),
 }
 
 

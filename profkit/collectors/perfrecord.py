@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 import sh
 
 from .. import demangle
+from ..safefile import write_new
 from ..target import Target
 from ..tools import find_tool
 from .base import Availability, CaptureContext, CollectorResult
@@ -124,7 +125,7 @@ class PerfRecordCollector:
         samples = parse_script(script)
         if fast_names:
             samples = rename_frames(samples, demangle.demangle([f[0] for f in samples["frames"]]))
-        (directory / NORMALISED_FILE).write_text(json.dumps(samples))
+        write_new(directory / NORMALISED_FILE, json.dumps(samples))
         files: tuple[str, ...] = (DATA_FILE, NORMALISED_FILE)
         if notes["scope"] == "cpu":
             # Other processes' stacks must not travel in a bundle made for this one.

@@ -2,7 +2,60 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import click
+
+from ..bundle import check_output
+from ..capture import parse_collectors
+from ..errors import UsageError
+
+
+class Number(click.ParamType):
+    """A finite int or float inside [low, high] (low excluded when low_open): nan and inf are
+    refused here, before any target is inspected or tool started."""
+
+    def __init__(
+        self, kind: type, low: float, high: float, low_open: bool = False, unit: str = ""
+    ) -> None:
+        self.kind, self.low, self.high, self.low_open, self.unit = kind, low, high, low_open, unit
+        self.name = kind.__name__
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # type: ignore[no-untyped-def]
+        if isinstance(value, self.kind) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = self.kind(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not a{'n' if self.kind is int else ''} {self.name}")
+        if not math.isfinite(number):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        too_low = number <= self.low if self.low_open else number < self.low
+        if too_low or number > self.high:
+            low = f"more than {self.low:g}" if self.low_open else f"at least {self.low:g}"
+            self.fail(f"{value} is out of range: {low} and at most {self.high:g}{self.unit}")
+        return number
+
+
+def collectors_callback(ctx: click.Context, param: click.Parameter, value: str | None):  # type: ignore[no-untyped-def]
+    """Checked at parse time, so that `run` never starts its command for a bad list."""
+    if value is None:
+        return None
+    try:
+        parse_collectors(value)
+    except UsageError as exc:
+        raise click.BadParameter(exc.format_message(), ctx, param) from exc
+    return value
+
+
+def out_callback(ctx: click.Context, param: click.Parameter, value: str | None):  # type: ignore[no-untyped-def]
+    """A link or another user's directory is refused before the target is touched."""
+    if value is not None:
+        check_output(Path(value))
+    return value
+
 
 pid_option = click.option("--pid", "-p", type=int, required=True, help="Target process id.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
@@ -14,7 +67,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         click.option(
             "--duration",
             "-d",
-            type=float,
+            type=Number(float, 0, 86400, low_open=True, unit=" s"),
             default=10.0,
             show_default=True,
             help="Seconds to capture.",
@@ -24,12 +77,13 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "-o",
             "out",
             type=click.Path(file_okay=False),
+            callback=out_callback,
             help="Bundle directory (default: profkit-sessions/PID-TIME).",
         ),
         click.option(
             "--rate",
             "-r",
-            type=int,
+            type=Number(int, 1, 1000, unit=" Hz"),
             default=None,
             help="py-spy sampling rate in Hz (default: up to 10, chosen from the target's "
             "thread and CPU counts so that py-spy's pauses and its own CPU fit their parts "
@@ -48,7 +102,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "--budget",
             "--stop-budget",
             "stop_budget",
-            type=float,
+            type=Number(float, 0, 100, low_open=True, unit="%"),
             default=2.0,
             show_default=True,
             help="Most % of the target's throughput profkit may cost it: sets py-spy's rate "
@@ -67,7 +121,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         ),
         click.option(
             "--cpu-budget",
-            type=float,
+            type=Number(float, 0, 4096, low_open=True, unit=" cores"),
             default=0.5,
             show_default=True,
             help="Most CPU (cores) profkit and its tools may use; over it a collector stops.",
@@ -75,13 +129,14 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         click.option(
             "--collectors",
             "-c",
+            callback=collectors_callback,
             help="Comma-separated subset of ebpf, proc, cgroup, perf_stat, perf_record, pyspy, "
             "or all (default: all but perf_stat).",
         ),
         click.option(
             "--max-size",
             "max_size_mb",
-            type=float,
+            type=Number(float, 0, 1024 * 1024, low_open=True, unit=" MB"),
             default=256.0,
             show_default=True,
             help="Bundle size bound in MB.",
@@ -95,7 +150,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         ),
         click.option(
             "--perf-rate",
-            type=int,
+            type=Number(int, 1, 100000, unit=" Hz"),
             default=49,
             show_default=True,
             help="perf cpu-clock sampling rate in Hz.",

@@ -1,0 +1,337 @@
+"""A hostile tester's cases: links planted for root to write through, numbers that are not
+numbers, a second capture of one target, a profkit that crashes or is killed mid-capture."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from profkit import procfs
+from profkit.errors import EXIT_OUTPUT, EXIT_USAGE
+
+from .conftest import ROOT, needs_root
+from .test_bad_input import NOBODY, SYSTEM_PYTHON, one_line
+
+# Every name a bundle may hold: the attacker plants a link for each.
+BUNDLE_NAMES = (
+    "manifest.json",
+    "proc.json",
+    "cgroup.json",
+    "ebpf.json",
+    "pyspy.json",
+    "perf.json",
+    "perf_stat.json",
+    "perf.data",
+    "perf_stat.csv",
+    "pyspy.chrometrace.json",
+    "perf_record.stdout",
+    "perf_record.stderr",
+    "pyspy.stdout",
+    "pyspy.stderr",
+    "perf_stat.stdout",
+    "perf_stat.stderr",
+)
+
+# Run as nobody: wait for profkit's directory, then plant a link to a victim for every name.
+# With swap, the directory profkit made is first renamed away and replaced by one of nobody's.
+PLANTER = r"""
+import os, sys, time
+bundle, victims, swap = sys.argv[1], sys.argv[2], sys.argv[3] == "swap"
+names = sys.argv[4:]
+deadline = time.monotonic() + 60
+wait_for = bundle if swap else os.path.join(bundle, "manifest.json")
+while not os.path.lexists(wait_for):
+    if time.monotonic() > deadline:
+        sys.exit(3)
+    time.sleep(0.0005)
+if swap:
+    os.rename(bundle, bundle + ".moved")
+    os.mkdir(bundle, 0o755)
+for name in names:
+    try:
+        os.symlink(os.path.join(victims, name), os.path.join(bundle, name))
+    except OSError:
+        pass
+print("planted", flush=True)
+"""
+
+needs_other_user = [
+    needs_root(),
+    pytest.mark.root,
+    pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)"),
+    pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason=f"needs {SYSTEM_PYTHON}"),
+]
+
+
+def profkit(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "profkit", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})},
+    )
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory nobody can enter (pytest's tmp_path is 0700 root)."""
+    path = Path(tempfile.mkdtemp(prefix="profkit-hostile-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> dict[str, str]:
+    """A run directory of the test's own, so that its locks and records meet no one else's."""
+    return {"PROFKIT_RUN_DIR": str(tmp_path / "run")}
+
+
+@pytest.fixture
+def python_sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen([SYSTEM_PYTHON, "-c", "import time\nwhile True: time.sleep(0.05)"])
+    time.sleep(0.3)
+    yield process
+    process.kill()
+    process.wait()
+
+
+def victims_in(directory: Path) -> dict[str, tuple[bytes, int]]:
+    directory.mkdir(mode=0o755)
+    for name in BUNDLE_NAMES:
+        (directory / name).write_bytes(b"victim " + name.encode())
+        (directory / name).chmod(0o644)
+    return snapshot(directory)
+
+
+def snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        p.name: (p.read_bytes(), p.stat().st_mode & 0o7777) for p in sorted(directory.iterdir())
+    }
+
+
+def start_planter(bundle: Path, victims: Path, swap: bool) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            SYSTEM_PYTHON,
+            "-c",
+            PLANTER,
+            str(bundle),
+            str(victims),
+            "swap" if swap else "wait",
+            *BUNDLE_NAMES,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def apply(marks: list[pytest.MarkDecorator]):  # type: ignore[no-untyped-def]
+    """Several marks kept in one list, applied to a test."""
+
+    def decorate(function):  # type: ignore[no-untyped-def]
+        for mark in marks:
+            function = mark(function)
+        return function
+
+    return decorate
+
+
+@apply([*needs_other_user, pytest.mark.live])
+def test_out_owned_by_another_user_is_refused_and_no_victim_changes(
+    shared_dir: Path, python_sleeper, run_dir
+) -> None:  # type: ignore[no-untyped-def]
+    victims = shared_dir / "victims"
+    before = victims_in(victims)
+    out = shared_dir / "theirs"
+    out.mkdir()
+    os.chown(out, NOBODY, NOBODY)
+    out.chmod(0o755)
+    planter = start_planter(out, victims, swap=False)
+    try:
+        result = profkit(
+            "attach",
+            "--pid",
+            str(python_sleeper.pid),
+            "-d",
+            "1",
+            "-c",
+            "proc,cgroup",
+            "--out",
+            str(out),
+            "--no-report",
+            env=run_dir,
+        )
+    finally:
+        planter.kill()
+        planter.wait()
+    assert result.returncode == EXIT_OUTPUT, result.stderr
+    assert f"owned by uid {NOBODY}" in one_line(result)
+    assert snapshot(victims) == before
+    assert list(out.iterdir()) == []
+    assert oct(out.stat().st_mode & 0o777) == "0o755", "never chmod a directory not created"
+
+
+@apply([*needs_other_user, pytest.mark.live])
+def test_links_planted_in_a_swapped_directory_are_never_written_through(
+    shared_dir: Path, python_sleeper, run_dir
+) -> None:  # type: ignore[no-untyped-def]
+    """Nobody owns the parent: it renames profkit's new bundle away and puts a directory of
+    its own, full of links to the victims, in its place while profkit captures."""
+    victims = shared_dir / "victims"
+    before = victims_in(victims)
+    parent = shared_dir / "parent"
+    parent.mkdir()
+    os.chown(parent, NOBODY, NOBODY)
+    bundle = parent / "bundle"
+    planter = start_planter(bundle, victims, swap=True)
+    try:
+        result = profkit(
+            "attach",
+            "--pid",
+            str(python_sleeper.pid),
+            "-d",
+            "1",
+            "-c",
+            "proc,cgroup,perf_record,pyspy",
+            "--rate",
+            "5",
+            "--out",
+            str(bundle),
+            "--no-report",
+            env=run_dir,
+        )
+        planted, _ = planter.communicate(timeout=10)
+    finally:
+        planter.kill()
+        planter.wait()
+    assert planted.strip() == "planted", "the planter never saw the bundle"
+    assert snapshot(victims) == before
+    assert bundle.stat().st_uid == NOBODY and all(p.is_symlink() for p in bundle.iterdir())
+    if result.returncode == 0:
+        # The swap came after profkit held its directory open: everything went there.
+        manifest = json.loads((parent / "bundle.moved" / "manifest.json").read_text())
+        assert manifest["status"] == "complete"
+        assert manifest["collectors"]["proc"]["status"] == "ok"
+    else:
+        # The swap came between mkdir and open: the directory is not profkit's, refused.
+        assert result.returncode == EXIT_OUTPUT, result.stderr
+        assert f"owned by uid {NOBODY}" in one_line(result)
+
+
+@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+@pytest.mark.parametrize("link_to", ["nothing", "an empty directory"])
+def test_out_that_is_a_link_is_refused(
+    link_to: str, tmp_path: Path, python_sleeper, run_dir
+) -> None:  # type: ignore[no-untyped-def]
+    pointed = tmp_path / "pointed"
+    if link_to != "nothing":
+        pointed.mkdir(mode=0o755)
+        pointed.chmod(0o755)
+    out = tmp_path / "out"
+    out.symlink_to(pointed)
+    result = profkit(
+        "attach", "--pid", str(python_sleeper.pid), "-d", "1", "--out", str(out), env=run_dir
+    )
+    assert result.returncode == EXIT_OUTPUT, result.stderr
+    assert "is a symbolic link" in one_line(result)
+    assert out.is_symlink()
+    if link_to != "nothing":
+        assert list(pointed.iterdir()) == []
+        assert oct(pointed.stat().st_mode & 0o777) == "0o755"
+    else:
+        assert not pointed.exists()
+
+
+@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+def test_out_that_others_may_write_to_is_refused(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "open"
+    out.mkdir()
+    out.chmod(0o1777)
+    result = profkit(
+        "attach", "--pid", str(python_sleeper.pid), "-d", "1", "--out", str(out), env=run_dir
+    )
+    assert result.returncode == EXIT_OUTPUT, result.stderr
+    assert "can be written by other users" in one_line(result)
+    assert oct(out.stat().st_mode & 0o7777) == "0o1777"
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--duration", "nan"],
+        ["--duration", "inf"],
+        ["--duration", "1e999"],
+        ["--perf-rate", "0"],
+        ["--rate", "nan"],
+        ["--budget", "inf"],
+        ["--collectors", ""],
+    ],
+    ids=lambda a: " ".join(a) or "empty",
+)
+def test_bad_numbers_exit_2_at_once_and_start_nothing(
+    args: list[str], tmp_path: Path, python_sleeper
+) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "bundle"
+    command = [sys.executable, "-m", "profkit", "attach", "--pid", str(python_sleeper.pid)]
+    env = {**os.environ, "PROFKIT_RUN_DIR": str(tmp_path / "run")}
+    began = time.monotonic()
+    process = subprocess.Popen(
+        [*command, *args, "--out", str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    children: set[str] = set()
+    while process.poll() is None:
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{process.pid}/task").iterdir():
+                children |= set((task / "children").read_text().split())
+        time.sleep(0.002)
+    elapsed = time.monotonic() - began
+    _, stderr = process.communicate()
+    result = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
+    assert result.returncode == EXIT_USAGE, stderr
+    assert "Invalid value" in one_line(result)
+    assert elapsed < 1.0, f"took {elapsed:.2f} s"
+    assert children == set(), "a tool was started"
+    assert not out.exists() and not (tmp_path / "run").exists()
+    assert procfs.read_stat(python_sleeper.pid).state != "T"
+
+
+def test_run_with_a_bad_number_never_starts_the_command(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    result = profkit(
+        "run",
+        "--duration",
+        "nan",
+        "--",
+        SYSTEM_PYTHON,
+        "-c",
+        f"open({str(marker)!r}, 'w')",
+        env={"PROFKIT_RUN_DIR": str(tmp_path / "run")},
+    )
+    assert result.returncode == EXIT_USAGE, result.stderr
+    one_line(result)
+    time.sleep(0.2)
+    assert not marker.exists()
