@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -335,3 +336,176 @@ def test_run_with_a_bad_number_never_starts_the_command(tmp_path: Path) -> None:
     one_line(result)
     time.sleep(0.2)
     assert not marker.exists()
+
+
+# A fault no one anticipated, raised inside the capture window of a real capture: the third
+# look at the target raises, as a bug in any code the window runs would.
+INJECT_FAULT = """
+import sys
+from profkit import capture
+calls = []
+real = capture.target_state
+def failing(target):
+    calls.append(1)
+    if len(calls) == 3:
+        raise RuntimeError("injected fault")
+    return real(target)
+capture.target_state = failing
+from profkit.cli import main
+main(sys.argv[1:])
+"""
+
+
+def tools_writing_into(profkit_pid: int) -> list[str]:
+    """Processes whose command line names a file in that profkit's held bundle directory."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if f"/proc/{profkit_pid}/fd/" in cmdline:
+                found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+def test_an_unexpected_exception_marks_the_bundle_aborted_at_once(
+    tmp_path: Path, python_sleeper, run_dir
+) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "bundle"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            INJECT_FAULT,
+            "attach",
+            "--pid",
+            str(python_sleeper.pid),
+            "-d",
+            "20",
+            "-c",
+            "proc,perf_record",
+            "--out",
+            str(out),
+            "--no-report",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **run_dir},
+    )
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1, stderr
+    assert stderr.strip().splitlines()[-1].startswith("profkit: error: unexpected RuntimeError")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "aborted"
+    assert manifest["status_reason"] == "internal error: RuntimeError: injected fault"
+    assert manifest["collectors"]["perf_record"]["status"] in ("ok", "partial")
+    assert not (out / "perf.data").exists()
+    assert tools_writing_into(process.pid) == []
+    assert list(Path(run_dir["PROFKIT_RUN_DIR"]).glob("*.json")) == []
+    assert procfs.read_stat(python_sleeper.pid).state != "T"
+
+
+@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+def test_a_killed_profkits_bundle_is_marked_aborted_by_the_next_run(
+    tmp_path: Path, python_sleeper, run_dir
+) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "killed"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "profkit",
+            "attach",
+            "--pid",
+            str(python_sleeper.pid),
+            "-d",
+            "30",
+            "-c",
+            "proc,perf_record",
+            "--out",
+            str(out),
+            "--no-report",
+        ],
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        env={**os.environ, **run_dir},
+    )
+    deadline = time.monotonic() + 30
+    while not (out / "perf.data").exists() or not (out / "manifest.json").exists():
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    time.sleep(0.5)  # the tools get SIGTERM from the kernel as their parent dies
+    assert json.loads((out / "manifest.json").read_text())["status"] == "capturing"
+    later = profkit(
+        "attach",
+        "--pid",
+        str(python_sleeper.pid),
+        "-d",
+        "1",
+        "-c",
+        "proc",
+        "--out",
+        str(tmp_path / "later"),
+        "--no-report",
+        env=run_dir,
+    )
+    assert later.returncode == 0, later.stderr
+    assert f"marked {out} aborted" in later.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "aborted"
+    assert manifest["status_reason"] == "profkit was killed during the capture"
+    assert not (out / "perf.data").exists()
+
+
+@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+def test_a_disk_that_fills_mid_capture_aborts_it(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True)
+    try:
+        out = mount / "bundle"
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "profkit",
+                "attach",
+                "--pid",
+                str(python_sleeper.pid),
+                "-d",
+                "3",
+                "-c",
+                "proc,cgroup,perf_record",
+                "--out",
+                str(out),
+                "--no-report",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, **run_dir},
+        )
+        deadline = time.monotonic() + 30
+        while not (out / "perf.data").exists():
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        with contextlib.suppress(OSError), open(mount / "filler", "wb") as filler:
+            while True:
+                filler.write(b"\0" * 65536)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == EXIT_OUTPUT, stderr
+        last = stderr.strip().splitlines()[-1]
+        assert last.startswith("profkit: error: cannot write") and "No space left" in last
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["status"] == "aborted"
+        assert "No space left" in manifest["status_reason"]
+        assert not (out / "perf.data").exists()
+        assert tools_writing_into(process.pid) == []
+        assert procfs.read_stat(python_sleeper.pid).state != "T"
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
