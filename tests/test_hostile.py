@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from profkit import procfs
-from profkit.errors import EXIT_OUTPUT, EXIT_USAGE
+from profkit.errors import EXIT_BUSY, EXIT_OUTPUT, EXIT_USAGE
 
 from .conftest import ROOT, needs_root
 from .test_bad_input import NOBODY, SYSTEM_PYTHON, one_line
@@ -405,6 +405,7 @@ def test_an_unexpected_exception_marks_the_bundle_aborted_at_once(
     assert not (out / "perf.data").exists()
     assert tools_writing_into(process.pid) == []
     assert list(Path(run_dir["PROFKIT_RUN_DIR"]).glob("*.json")) == []
+    assert list(Path(run_dir["PROFKIT_RUN_DIR"]).glob("target-*.lock")) == [], "lock released"
     assert procfs.read_stat(python_sleeper.pid).state != "T"
 
 
@@ -509,3 +510,77 @@ def test_a_disk_that_fills_mid_capture_aborts_it(tmp_path: Path, python_sleeper,
         assert procfs.read_stat(python_sleeper.pid).state != "T"
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+def test_a_second_capture_of_one_target_is_refused_or_forced_and_recorded(
+    tmp_path: Path, python_sleeper, run_dir
+) -> None:  # type: ignore[no-untyped-def]
+    first = tmp_path / "first"
+    pid = str(python_sleeper.pid)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "profkit",
+            "attach",
+            "--pid",
+            pid,
+            "-d",
+            "6",
+            "-c",
+            "proc",
+            "--out",
+            str(first),
+            "--no-report",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **run_dir},
+    )
+    deadline = time.monotonic() + 30
+    while not (first / "manifest.json").exists():
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    second = profkit(
+        "attach",
+        "--pid",
+        pid,
+        "-d",
+        "1",
+        "-c",
+        "proc",
+        "--out",
+        str(tmp_path / "second"),
+        env=run_dir,
+    )
+    assert second.returncode == EXIT_BUSY, second.stderr
+    line = [x for x in second.stderr.splitlines() if x.startswith("profkit: error:")]
+    assert len(line) == 1 and f"profkit pid {process.pid} into {first}" in line[0], line
+    assert "--force" in line[0]
+    assert not (tmp_path / "second").exists()
+    forced = profkit(
+        "attach",
+        "--pid",
+        pid,
+        "-d",
+        "1",
+        "-c",
+        "proc",
+        "--out",
+        str(tmp_path / "forced"),
+        "--force",
+        "--no-report",
+        env=run_dir,
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert process.poll() is None, "the first capture was still running"
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    forced_manifest = json.loads((tmp_path / "forced" / "manifest.json").read_text())
+    first_manifest = json.loads((first / "manifest.json").read_text())
+    assert forced_manifest["overlapped_with"] == [{"pid": process.pid, "bundle": str(first)}]
+    assert [o["bundle"] for o in first_manifest["overlapped_with"]] == [str(tmp_path / "forced")]
+    assert f"captured pid {pid} at the same time" in stderr
+    assert list(Path(run_dir["PROFKIT_RUN_DIR"]).iterdir()) == [], "locks and notices removed"

@@ -34,6 +34,7 @@ def run_capture(
     cpu_budget: float = 0.5,
     pyspy_mode: str = "auto",
     ebpf_sched: str = "auto",
+    force: bool = False,
 ) -> int:
     if duration <= 0:
         raise UsageError(f"--duration must be positive, got {duration:g}")
@@ -78,8 +79,15 @@ def run_capture(
             "overhead_budget": str(stop_budget / 100),
         },
         budget=Budget(stopped_share=stop_budget / 100, tool_cores=cpu_budget),
+        force=force,
     )
     manifest = capture(request, on_tick=progress_printer())
+    for other in manifest.get("overlapped_with", []):
+        click.echo(
+            f"profkit: note: profkit pid {other['pid']} captured pid {target.pid} at the same "
+            f"time (into {other['bundle']}): the target paid for both",
+            err=True,
+        )
     print_outcome(request.directory, manifest, report=not no_report)
     return EXIT_INTERRUPTED if manifest["status"] == "partial" else EXIT_OK
 

@@ -164,6 +164,12 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "(cheap for pools that switch often; perf.data is not kept); thread: one event per "
             "target thread (perf.data kept, but every context switch pays for it).",
         ),
+        click.option(
+            "--force",
+            is_flag=True,
+            help="Capture even if another profkit is capturing the same process (the target "
+            "then pays both budgets); both manifests record the overlap.",
+        ),
         click.option("--no-report", is_flag=True, help="Only capture; print no verdict."),
     ]
     for decorator in reversed(decorators):
