@@ -584,3 +584,39 @@ def test_a_second_capture_of_one_target_is_refused_or_forced_and_recorded(
     assert [o["bundle"] for o in first_manifest["overlapped_with"]] == [str(tmp_path / "forced")]
     assert f"captured pid {pid} at the same time" in stderr
     assert list(Path(run_dir["PROFKIT_RUN_DIR"]).iterdir()) == [], "locks and notices removed"
+
+
+RECORDED = ROOT / "tests" / "data" / "fanout_quota"
+OUTPUTS = {
+    "report": ["report", str(RECORDED), "--format", "json", "-o"],
+    "flame": ["flame", str(RECORDED), "-o"],
+    "timeline": ["timeline", str(RECORDED), "-o"],
+    "export": ["export", str(RECORDED), "--format", "pprof", "-o"],
+}
+
+
+@pytest.mark.parametrize("command", list(OUTPUTS))
+def test_reports_and_exports_are_owner_only_and_replace_a_planted_link(
+    command: str, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"victim")
+    victim.chmod(0o644)
+    out = tmp_path / "out"
+    out.symlink_to(victim)
+    result = profkit(*OUTPUTS[command], str(out))
+    assert result.returncode == 0, result.stderr
+    assert not out.is_symlink() and out.stat().st_size > 0
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+    assert victim.read_bytes() == b"victim" and victim.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    shared = profkit(*OUTPUTS[command], str(tmp_path / "shared"), "--mode", "644")
+    assert shared.returncode == 0, shared.stderr
+    assert oct((tmp_path / "shared").stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_mode_that_is_not_octal_is_a_usage_error(tmp_path: Path) -> None:
+    result = profkit(*OUTPUTS["flame"], str(tmp_path / "f.svg"), "--mode", "9")
+    assert result.returncode == EXIT_USAGE
+    assert "not an octal mode" in one_line(result)
+    assert list(tmp_path.iterdir()) == []

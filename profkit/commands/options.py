@@ -39,6 +39,34 @@ class Number(click.ParamType):
         return number
 
 
+class FileMode(click.ParamType):
+    """An octal permission mode such as 600 or 0644."""
+
+    name = "mode"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # type: ignore[no-untyped-def]
+        if isinstance(value, int):
+            return value
+        try:
+            mode = int(str(value), 8)
+        except ValueError:
+            self.fail(f"{value!r} is not an octal mode such as 600 or 644", param, ctx)
+        if not 0 <= mode <= 0o777:
+            self.fail(f"{value} is out of range: 000 to 777", param, ctx)
+        return mode
+
+
+# Reports and exports hold the target's command lines and stacks: owner-only unless asked.
+mode_option = click.option(
+    "--mode",
+    "mode",
+    type=FileMode(),
+    default="600",
+    show_default=True,
+    help="Permissions of the file written (octal).",
+)
+
+
 def collectors_callback(ctx: click.Context, param: click.Parameter, value: str | None):  # type: ignore[no-untyped-def]
     """Checked at parse time, so that `run` never starts its command for a bad list."""
     if value is None:
