@@ -212,9 +212,13 @@ def load_part(directory: Path, name: str) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadBundle(f"{path} is truncated or corrupt: {exc}") from exc
+    if not isinstance(data, dict):
+        # A file that is there but holds no table is damage, not a collector that did not run.
+        raise BadBundle(f"{path} holds {json.dumps(data)[:20]}, not a collector's data")
+    return data
 
 
 def directory_size(directory: Path) -> int:

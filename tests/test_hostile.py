@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from profkit import procfs
-from profkit.errors import EXIT_BUSY, EXIT_OUTPUT, EXIT_USAGE
+from profkit.errors import EXIT_BAD_BUNDLE, EXIT_BUSY, EXIT_OUTPUT, EXIT_USAGE
 
 from .conftest import ROOT, needs_root
 from .test_bad_input import NOBODY, SYSTEM_PYTHON, one_line
@@ -620,3 +620,105 @@ def test_a_mode_that_is_not_octal_is_a_usage_error(tmp_path: Path) -> None:
     assert result.returncode == EXIT_USAGE
     assert "not an octal mode" in one_line(result)
     assert list(tmp_path.iterdir()) == []
+
+
+@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+def test_perf_killed_by_someone_else_says_so(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "bundle"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "profkit",
+            "attach",
+            "--pid",
+            str(python_sleeper.pid),
+            "-d",
+            "4",
+            "-c",
+            "proc,perf_record",
+            "--out",
+            str(out),
+            "--no-report",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **run_dir},
+    )
+    deadline = time.monotonic() + 30
+    while not (perf := [t for t in tools_writing_into(process.pid) if " record " in t]):
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    os.kill(int(perf[0].split(":")[0]), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    result = json.loads((out / "manifest.json").read_text())["collectors"]["perf_record"]
+    assert result["status"] in ("partial", "failed"), result
+    assert result["reason"] == "perf was killed by SIGKILL, not by profkit", result
+
+
+@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+def test_a_target_that_exits_reads_as_such(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "bundle"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "profkit",
+            "attach",
+            "--pid",
+            str(python_sleeper.pid),
+            "-d",
+            "20",
+            "-c",
+            "proc",
+            "--out",
+            str(out),
+            "--no-report",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **run_dir},
+    )
+    deadline = time.monotonic() + 30
+    while not (out / "manifest.json").exists():
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    time.sleep(1.0)
+    python_sleeper.kill()
+    process.communicate(timeout=60)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "target exited"
+    assert manifest["status_reason"] == "the target exited during the capture"
+
+
+def recorded_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(RECORDED, copy)
+    return copy
+
+
+def test_a_null_collector_file_is_a_bad_bundle_not_a_missing_one(tmp_path: Path) -> None:
+    bundle = recorded_copy(tmp_path)
+    (bundle / "perf.json").write_text("null")
+    result = profkit("report", str(bundle))
+    assert result.returncode == EXIT_BAD_BUNDLE, result.stderr
+    assert "perf.json holds null" in one_line(result)
+
+
+def test_an_aborted_bundle_reports_aborted(tmp_path: Path) -> None:
+    bundle = recorded_copy(tmp_path)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest.update(status="aborted", status_reason="a write failed: No space left on device")
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    text = profkit("report", str(bundle))
+    assert text.returncode == 0, text.stderr
+    assert "status aborted (a write failed: No space left on device)" in text.stdout
+    manifest["window"] = {}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    (bundle / "proc.json").unlink()
+    result = profkit("report", str(bundle))
+    assert result.returncode == EXIT_BAD_BUNDLE, result.stderr
+    assert "is aborted: a write failed: No space left on device" in one_line(result)

@@ -54,6 +54,9 @@ class ChildTool:
             _out=self._stdout,
             _err=self._stderr,
             _new_session=True,
+            # The bundle directory: /proc/PID/cwd then names it, for anyone looking for the
+            # tools a capture left (their output paths go through profkit's descriptor).
+            _cwd=str(directory),
             _preexec_fn=_die_with_parent,
             _ok_code=list(range(256)),
         )
