@@ -75,6 +75,8 @@ class CaptureRequest:
     budget: Budget = field(default_factory=Budget)
     # Run even if another profkit is capturing the same target; both manifests say so.
     force: bool = False
+    # Requested collectors this user may not run, and why: recorded, never started.
+    unavailable: dict[str, str] = field(default_factory=dict)
 
 
 # A write that failed for one of these ends the capture: the disk, not a collector, is at fault.
@@ -253,6 +255,9 @@ def _start_collectors(
     for name in ALL_COLLECTORS:
         if name not in request.collectors:
             results[name] = CollectorResult(name, "skipped", "not requested (--collectors)")
+            continue
+        if name in request.unavailable:
+            results[name] = CollectorResult(name, "unavailable", request.unavailable[name])
             continue
         collector = REGISTRY[name]()
         availability = collector.available(request.target)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from profkit import procfs
-from profkit.errors import EXIT_BAD_BUNDLE, EXIT_BUSY, EXIT_OUTPUT, EXIT_USAGE
+from profkit.errors import EXIT_BAD_BUNDLE, EXIT_BUSY, EXIT_OUTPUT, EXIT_PERMISSION, EXIT_USAGE
 
 from .conftest import ROOT, needs_root
 from .test_bad_input import NOBODY, SYSTEM_PYTHON, one_line
@@ -722,3 +722,45 @@ def test_an_aborted_bundle_reports_aborted(tmp_path: Path) -> None:
     result = profkit("report", str(bundle))
     assert result.returncode == EXIT_BAD_BUNDLE, result.stderr
     assert "is aborted: a write failed: No space left on device" in one_line(result)
+
+
+@apply([*needs_other_user, pytest.mark.live])
+def test_a_user_profiling_their_own_process_runs_what_they_may(shared_dir: Path) -> None:
+    from .test_bad_input import profkit_in
+
+    home = shared_dir / "home"
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    target = subprocess.Popen(
+        [*as_nobody, SYSTEM_PYTHON, "-c", "import time\nwhile True: time.sleep(0.05)"]
+    )
+    try:
+        time.sleep(0.5)
+        pid = str(target.pid)
+        paranoid = int(Path("/proc/sys/kernel/perf_event_paranoid").read_text())
+        result = profkit_in(
+            home, "attach", "--pid", pid, "-d", "1", "--out", "b", "--no-report", user=NOBODY
+        )
+        assert result.returncode == 0, result.stderr
+        notes = result.stderr.strip().splitlines()
+        assert all(line.startswith("profkit: note: ") for line in notes), result.stderr
+        assert "profkit: note: ebpf not started: loading eBPF programs needs root" in notes[0]
+        manifest = json.loads((home / "b" / "manifest.json").read_text())
+        collectors = manifest["collectors"]
+        assert manifest["status"] == "complete"
+        assert collectors["ebpf"]["status"] == "unavailable"
+        assert collectors["proc"]["status"] == "ok"
+        if paranoid > 0:
+            assert collectors["perf_record"]["status"] == "unavailable"
+            assert f"perf_event_paranoid is {paranoid}" in collectors["perf_record"]["reason"]
+            assert any("perf_record not started" in line for line in notes)
+        only_ebpf = profkit_in(
+            home, "attach", "--pid", pid, "-d", "1", "-c", "ebpf", "--out", "c", user=NOBODY
+        )
+        assert only_ebpf.returncode == EXIT_PERMISSION, only_ebpf.stderr
+        assert "none of the collectors asked for can run" in one_line(only_ebpf)
+        assert not (home / "c").exists()
+    finally:
+        target.kill()
+        target.wait()

@@ -12,9 +12,10 @@ from ..bundle import default_directory
 from ..capture import CaptureRequest, capture, parse_collectors, progress_printer
 from ..cgroup import CgroupError, cpu_cgroup
 from ..collectors.ebpf import EbpfCollector
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, PermissionDenied, UsageError
 from ..runs import clean_stale
 from ..target import Target, inspect
+from ..unprivileged import cannot_run
 from .options import capture_options, pid_option
 from .summary import print_outcome
 
@@ -49,6 +50,15 @@ def run_capture(
             f"{'; '.join(cleanup.actions) or 'nothing was left'}",
             err=True,
         )
+    unavailable = cannot_run(parsed, perf_scope) if os.geteuid() != 0 else {}
+    if unavailable and not set(parsed) - set(unavailable):
+        raise PermissionDenied(
+            f"none of the collectors asked for can run as uid {os.geteuid()}: "
+            + "; ".join(f"{name}: {why}" for name, why in unavailable.items())
+        )
+    for name, why in unavailable.items():
+        click.echo(f"profkit: note: {name} not started: {why}", err=True)
+    parsed = tuple(n for n in parsed if n not in unavailable)
     if not target.has_torch:
         click.echo(
             f"profkit: note: pid {target.pid} has no torch loaded; capturing anyway", err=True
@@ -67,7 +77,7 @@ def run_capture(
         rate_hz=rate
         if rate is not None
         else default_rate(target.threads, stop_budget / 100, pyspy_mode, cpus, stop_share),
-        collectors=parsed,
+        collectors=(*parsed, *unavailable),
         max_size_mb=max_size_mb,
         options={
             "perf_callgraph": perf_callgraph,
@@ -80,6 +90,7 @@ def run_capture(
         },
         budget=Budget(stopped_share=stop_budget / 100, tool_cores=cpu_budget),
         force=force,
+        unavailable=unavailable,
     )
     manifest = capture(request, on_tick=progress_printer())
     for other in manifest.get("overlapped_with", []):
