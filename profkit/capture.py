@@ -190,6 +190,11 @@ def capture(
                                 f"cannot write {request.directory}: {exc.strerror}; the capture "
                                 "was aborted"
                             ) from exc
+                        if isinstance(exc, OutputError):
+                            # Its message names the file; the bundle is said here.
+                            raise OutputError(
+                                f"{exc.format_message()} (bundle {request.directory})"
+                            ) from exc
                         raise
             finally:
                 os.close(fd)

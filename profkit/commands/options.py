@@ -29,13 +29,16 @@ class Number(click.ParamType):
             try:
                 number = self.kind(str(value).strip())
             except ValueError:
-                self.fail(f"{value!r} is not a{'n' if self.kind is int else ''} {self.name}")
+                article = "an" if self.kind is int else "a"
+                self.fail(f"{value!r} is not {article} {self.name}", param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value} is not a finite number", param, ctx)
         too_low = number <= self.low if self.low_open else number < self.low
         if too_low or number > self.high:
             low = f"more than {self.low:g}" if self.low_open else f"at least {self.low:g}"
-            self.fail(f"{value} is out of range: {low} and at most {self.high:g}{self.unit}")
+            self.fail(
+                f"{value} is out of range: {low} and at most {self.high:g}{self.unit}", param, ctx
+            )
         return number
 
 
