@@ -168,7 +168,15 @@ def target_lock(
     others: list[dict[str, object]] = []
     if fd is None:
         others = live_captures(target_pid, target_start)
-        who = ", ".join(f"profkit pid {o['pid']} into {o['bundle']}" for o in others)
+        # The holder writes its run record only once its bundle exists: its pid is in the lock.
+        with contextlib.suppress(OSError, ValueError):
+            holder = int(path.read_text())
+            if holder not in {o["pid"] for o in others} and _start_ticks(holder) is not None:
+                others.append({"pid": holder, "bundle": None})
+        who = ", ".join(
+            f"profkit pid {o['pid']}" + (f" into {o['bundle']}" if o["bundle"] else "")
+            for o in others
+        )
         if not force:
             raise TargetBusy(
                 f"pid {target_pid} is already being captured ({who or 'by another profkit'}); "
@@ -264,16 +272,22 @@ def mark_aborted(
             return []
         held = held_directory(fd)
         try:
+            content = json.loads((held / "manifest.json").read_text())
+        except (OSError, ValueError):
+            return []
+        # A bundle that was finished keeps what it kept (perf.data with --perf-scope thread).
+        if not isinstance(content, dict) or content.get("status") not in ("capturing", "aborted"):
+            return []
+        try:
             (held / "perf.data").unlink()
         except OSError:
             pass
         else:
             actions.append(f"removed {bundle / 'perf.data'}")
-        with contextlib.suppress(OSError, ValueError):
-            content = json.loads((held / "manifest.json").read_text())
-            if content.get("status") == "capturing":
-                content["status"] = "aborted"
-                content["status_reason"] = reason
+        if content.get("status") == "capturing":
+            content["status"] = "aborted"
+            content["status_reason"] = reason
+            with contextlib.suppress(OSError):
                 replace_file(held / "manifest.json", json.dumps(content, indent=2))
                 actions.append(f"marked {bundle} aborted")
     finally:

@@ -764,3 +764,76 @@ def test_a_user_profiling_their_own_process_runs_what_they_may(shared_dir: Path)
     finally:
         target.kill()
         target.wait()
+
+
+@pytest.mark.parametrize("status", ["capturing", "complete"])
+def test_cleanup_after_a_dead_capture_touches_only_an_unfinished_bundle(
+    status: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from profkit import runs
+
+    monkeypatch.setattr(runs, "RUN_DIR", tmp_path / "run")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir(mode=0o700)
+    (bundle / "manifest.json").write_text(json.dumps({"status": status, "status_reason": ""}))
+    (bundle / "perf.data").write_bytes(b"samples of every process")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert runs.run_dir_usable()
+    info = bundle.stat()
+    record = {
+        "owner": dead.pid,
+        "owner_start": -1,
+        "target": 0,
+        "target_start": None,
+        "bundle": str(bundle),
+        "bundle_inode": [info.st_dev, info.st_ino],
+        "children": [],
+    }
+    (tmp_path / "run" / f"{dead.pid}.json").write_text(json.dumps(record))
+    [cleanup] = runs.clean_stale()
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    if status == "capturing":
+        assert manifest["status"] == "aborted"
+        assert not (bundle / "perf.data").exists()
+        assert f"marked {bundle} aborted" in cleanup.actions
+    else:
+        assert manifest["status"] == "complete"
+        assert (bundle / "perf.data").exists(), "a finished bundle keeps what it kept"
+        assert cleanup.actions == ()
+    assert not (tmp_path / "run" / f"{dead.pid}.json").exists()
+
+
+@apply(needs_other_user)
+def test_a_perf_the_kernel_refuses_reads_as_permission_denied(shared_dir: Path) -> None:
+    from profkit.collectors.perfrecord import failure_reason
+    from profkit.tools import find_tool
+
+    perf = find_tool("perf").path
+    paranoid = int(Path("/proc/sys/kernel/perf_event_paranoid").read_text())
+    if perf is None or paranoid <= 0:
+        pytest.skip("needs perf, and perf_event_paranoid > 0 so that users may not sample CPUs")
+    shared_dir.chmod(0o777)
+    refused = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            perf,
+            "record",
+            "-e",
+            "cpu-clock",
+            "-a",
+            "-o",
+            str(shared_dir / "p.data"),
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert refused.returncode != 0, refused.stderr
+    why = failure_reason(refused.returncode, [], refused.stderr)
+    assert why == f"permission denied (kernel.perf_event_paranoid is {paranoid})", refused.stderr
