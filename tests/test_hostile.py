@@ -18,7 +18,14 @@ from pathlib import Path
 import pytest
 
 from profkit import procfs
-from profkit.errors import EXIT_BAD_BUNDLE, EXIT_BUSY, EXIT_OUTPUT, EXIT_PERMISSION, EXIT_USAGE
+from profkit.errors import (
+    EXIT_BAD_BUNDLE,
+    EXIT_BUSY,
+    EXIT_CAPTURE,
+    EXIT_OUTPUT,
+    EXIT_PERMISSION,
+    EXIT_USAGE,
+)
 
 from .conftest import ROOT, needs_root
 from .test_bad_input import NOBODY, SYSTEM_PYTHON, one_line
@@ -837,3 +844,28 @@ def test_a_perf_the_kernel_refuses_reads_as_permission_denied(shared_dir: Path) 
     assert refused.returncode != 0, refused.stderr
     why = failure_reason(refused.returncode, [], refused.stderr)
     assert why == f"permission denied (kernel.perf_event_paranoid is {paranoid})", refused.stderr
+
+
+@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+def test_no_collector_able_to_start_leaves_an_aborted_bundle(
+    tmp_path: Path, python_sleeper, run_dir
+) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "bundle"
+    result = profkit(
+        "attach",
+        "--pid",
+        str(python_sleeper.pid),
+        "-d",
+        "1",
+        "-c",
+        "perf_record",
+        "--out",
+        str(out),
+        env={**run_dir, "PROFKIT_PERF": str(tmp_path / "no-such-perf")},
+    )
+    assert result.returncode == EXIT_CAPTURE, result.stderr
+    assert "no collector could start" in result.stderr.strip().splitlines()[-1]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "aborted"
+    assert manifest["status_reason"].startswith("no collector could start: ")
+    assert manifest["collectors"]["perf_record"]["status"] == "unavailable"
