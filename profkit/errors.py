@@ -18,6 +18,7 @@ EXIT_BAD_BUNDLE = 8
 EXIT_CAPTURE = 9
 EXIT_CGROUP = 10
 EXIT_OUTPUT = 11
+EXIT_BUSY = 12
 EXIT_INTERRUPTED = 130
 
 
@@ -70,6 +71,12 @@ class CgroupError(ProfkitError):
 
 class OutputError(ProfkitError):
     exit_code = EXIT_OUTPUT
+
+
+class TargetBusy(ProfkitError):
+    """Another profkit is capturing the same process (pid and start time)."""
+
+    exit_code = EXIT_BUSY
 
 
 def fail_unexpected(exc: BaseException) -> int:

@@ -79,10 +79,17 @@ def _read_or_raise(pid: int, reader, what: str):  # type: ignore[no-untyped-def]
     except ProcessLookupError as exc:
         raise NoSuchProcess(f"no process with pid {pid}") from exc
     except PermissionError as exc:
-        raise PermissionDenied(
-            f"cannot read {what} of pid {pid}: permission denied "
-            "(run as root or as the target's user)"
-        ) from exc
+        raise PermissionDenied(f"cannot read {what} of pid {pid}: {_denied()}") from exc
+
+
+def _denied() -> str:
+    """Why access was refused: 'run as root' is advice only to those who are not."""
+    if os.geteuid() == 0:
+        return (
+            "permission denied even to root (the process is outside this container's "
+            "namespaces, or profkit lacks CAP_SYS_PTRACE)"
+        )
+    return "permission denied (run as root or as the target's user)"
 
 
 def inspect(pid: int, *, require_python: bool = True) -> Target:
@@ -96,9 +103,7 @@ def inspect(pid: int, *, require_python: bool = True) -> Target:
     except FileNotFoundError as exc:
         raise NoSuchProcess(f"no process with pid {pid}") from exc
     except PermissionError as exc:
-        raise PermissionDenied(
-            f"cannot inspect pid {pid}: permission denied (run as root or as the target's user)"
-        ) from exc
+        raise PermissionDenied(f"cannot inspect pid {pid}: {_denied()}") from exc
     except OSError:
         exe = ""  # kernel threads have no executable
     files = _read_or_raise(pid, procfs.mapped_files, "memory maps")

@@ -38,6 +38,12 @@ class Report:
 
 
 def analyse(bundle: Bundle) -> Report:
+    status = bundle.manifest.get("status")
+    if status in ("aborted", "capturing") and (bundle.proc is None or not any(bundle.window)):
+        why = bundle.manifest.get("status_reason") or (
+            "profkit is still capturing it, or was killed; the next capture marks it aborted"
+        )
+        raise BadBundle(f"{bundle.directory} is {status}: {why}; it has no window to analyse")
     if bundle.proc is None:
         raise BadBundle(f"{bundle.directory} has no /proc samples, the CPU ground truth")
     window = bundle.window
