@@ -22,6 +22,7 @@ from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
 from ..clock import Clock
 from ..probe_points import ProbePoint, entry_point, gomp_region_end, hit_cost_s
 from ..returns import return_sites
+from ..safefile import write_new
 from ..target import Runtime, Target
 from .base import Availability, CaptureContext, CollectorResult
 from .pywalk import PythonWalker
@@ -419,7 +420,7 @@ class EbpfCollector:
                 ),
             }
         )
-        (self._context.directory / NORMALISED_FILE).write_text(json.dumps(payload))
+        write_new(self._context.directory / NORMALISED_FILE, json.dumps(payload))
         return CollectorResult(
             self.name,
             "ok",
