@@ -1,9 +1,10 @@
-// OpenMP parallel regions of one process: uprobes on the fork entry point of its own runtime
-// (GOMP_parallel in libgomp, __kmpc_fork_call in libiomp5) and where the region ends (the
-// points are chosen for a cheap trap: profkit/probe_points.py). Regions go to an
-// array read in bulk after the capture: a server can start thousands a second, and waking
-// profkit for each one (a perf buffer) cost 0.035 cores on a 2-CPU machine, taken from the target.
-// REGION_CAPACITY is substituted by profkit before compiling.
+// Parallel regions of one process: uprobes on the fork entry points of every pool runtime it maps
+// (GOMP_parallel* in each libgomp, __kmpc_fork_call in libiomp5/libomp, exec_blas in OpenBLAS)
+// and where each region ends (the points are chosen for a cheap trap: profkit/probe_points.py).
+// Regions go to an array read in bulk after the capture: a server can start thousands a second,
+// and waking profkit for each one (a perf buffer) cost 0.035 cores on a 2-CPU machine, taken
+// from the target. REGION_CAPACITY is substituted, and one entry handler per runtime copy
+// (on_entry_N, calling region_entry with the copy's index) appended, by profkit before compiling.
 //
 // With PYSTACK defined, this file follows pystack.bpf.c in one program: each region entry also
 // reads the dispatching thread's Python frame chain, and regions and their time are counted per
@@ -13,6 +14,7 @@ struct region_start {
     u64 start_ns;
     u64 stack;  // 0: no Python stack
     u32 requested;
+    u32 runtime;  // which probed copy of which runtime
 };
 
 struct region {
@@ -21,6 +23,8 @@ struct region {
     u64 stack;
     u32 tid;
     u32 requested;
+    u32 runtime;
+    u32 pad;
 };
 
 BPF_HASH(open_regions, u32, struct region_start, 16384);
@@ -29,6 +33,7 @@ BPF_HASH(per_thread, u32, u64, 16384);
 BPF_ARRAY(region_log, struct region, REGION_CAPACITY);
 BPF_ARRAY(region_count, u64, 1);
 BPF_ARRAY(entry_count, u64, 1);  // against region_count: regions whose end was never seen
+BPF_ARRAY(runtime_entries, u64, 64);  // per runtime copy, for the cost of each copy's traps
 
 static inline void count_entry(void) {
     u32 zero = 0;
@@ -53,22 +58,16 @@ static inline u64 region_stack(void) {
 #endif
 }
 
-// GOMP_parallel(fn, data, num_threads, flags): 0 threads means "the runtime's setting".
-int on_gomp_parallel(struct pt_regs *ctx) {
+// requested: the team size asked for, 0 where the runtime decides (GOMP_parallel's num_threads
+// of 0, __kmpc_fork_call, which has no such argument).
+static inline int region_entry(u32 runtime, u32 requested) {
     u32 tid = bpf_get_current_pid_tgid();
-    u32 requested = (u32)PT_REGS_PARM3(ctx);
-    struct region_start start = {bpf_ktime_get_ns(), region_stack(), requested};
+    struct region_start start = {bpf_ktime_get_ns(), region_stack(), requested, runtime};
     open_regions.update(&tid, &start);
     count_entry();
-    return 0;
-}
-
-// __kmpc_fork_call(loc, argc, microtask, ...): the team size is not an argument.
-int on_kmpc_fork_call(struct pt_regs *ctx) {
-    u32 tid = bpf_get_current_pid_tgid();
-    struct region_start start = {bpf_ktime_get_ns(), region_stack(), 0};
-    open_regions.update(&tid, &start);
-    count_entry();
+    u64 *mine = runtime_entries.lookup(&runtime);
+    if (mine)
+        __sync_fetch_and_add(mine, 1);
     return 0;
 }
 
@@ -78,7 +77,7 @@ int on_region_return(struct pt_regs *ctx) {
     if (!start)
         return 0;  // entered before the probe was attached
     u64 now = bpf_ktime_get_ns();
-    struct region r = {start->start_ns, now, start->stack, tid, start->requested};
+    struct region r = {start->start_ns, now, start->stack, tid, start->requested, start->runtime};
     open_regions.delete(&tid);
 #ifdef PYSTACK
     if (r.stack) {

@@ -26,6 +26,7 @@ THREAD_ENV_VARS = (
 RUNTIME_PATTERNS = (
     ("libgomp", re.compile(r"/libgomp[^/]*\.so")),
     ("libiomp5", re.compile(r"/libiomp5[^/]*\.so")),
+    ("libomp", re.compile(r"/libomp[^/]*\.so")),
     ("openblas", re.compile(r"/lib[a-z_]*openblas[^/]*\.so")),
     ("mkl", re.compile(r"/libmkl_(rt|core|intel_thread|gnu_thread)[^/]*\.so")),
     ("tbb", re.compile(r"/libtbb[^/]*\.so")),
@@ -68,7 +69,7 @@ class Target:
 
     @property
     def openmp_runtime(self) -> Runtime | None:
-        return self.runtime("libgomp") or self.runtime("libiomp5")
+        return self.runtime("libgomp") or self.runtime("libiomp5") or self.runtime("libomp")
 
 
 def _read_or_raise(pid: int, reader, what: str):  # type: ignore[no-untyped-def]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +102,27 @@ class SchedData:
     python_stacks: tuple[PyStack, ...] = ()
     walker: str = "off"  # "on" when the eBPF stack walker ran
     walker_reason: str = ""
+    # The pool ("openmp", "openblas") of the runtime copy that started each region.
+    region_pool: np.ndarray | None = None
+    runtimes: tuple[dict, ...] = ()  # every runtime copy probed, by index
+
+    def for_pool(self, pool: str) -> SchedData:
+        """The same data with only the regions of this pool's runtimes."""
+        if self.region_pool is None:
+            if pool == "openmp":
+                return self
+            keep = np.zeros(len(self.region_start), dtype=bool)
+        else:
+            keep = self.region_pool == pool
+        return replace(
+            self,
+            region_tid=self.region_tid[keep],
+            region_start=self.region_start[keep],
+            region_end=self.region_end[keep],
+            region_requested=self.region_requested[keep],
+            region_stack=self.stacks_of_regions()[keep],
+            region_pool=None if self.region_pool is None else self.region_pool[keep],
+        )
 
     def stacks_of_regions(self) -> np.ndarray:
         if self.region_stack is None or len(self.region_stack) != len(self.region_start):
@@ -306,9 +327,25 @@ def _sched(directory: Path) -> SchedData | None:
                 _array(regions["stack"], "stack", "ebpf.json") if "stack" in regions else None
             ),
             **_python_stacks(data.get("python") or {}),
+            **_region_pools(data, len(regions["tid"])),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise BadBundle(f"ebpf.json lacks {exc}") from exc
+
+
+def _region_pools(data: dict, count: int) -> dict[str, object]:
+    """Bundles from before several runtime copies were probed have one OpenMP runtime."""
+    runtimes = tuple(data.get("runtimes") or ())
+    column = data["regions"].get("runtime")
+    if column is None or len(column) != count:
+        return {"runtimes": runtimes}
+    pools = [str(r.get("pool", "openmp")) for r in runtimes]
+    return {
+        "runtimes": runtimes,
+        "region_pool": np.array(
+            [pools[i] if 0 <= i < len(pools) else "openmp" for i in column], dtype=object
+        ),
+    }
 
 
 def _python_stacks(python: dict) -> dict[str, object]:

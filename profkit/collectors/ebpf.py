@@ -20,14 +20,16 @@ from .. import procfs
 from ..bccload import BccUnavailable, load_bcc
 from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
 from ..clock import Clock
-from ..probe_points import ProbePoint, entry_point, gomp_region_end, hit_cost_s
-from ..returns import return_sites
 from ..safefile import write_new
 from ..target import Runtime, Target
 from .base import Availability, CaptureContext, CollectorResult
 from .pywalk import PythonWalker
+from .regions import RuntimeProbes, find_probes, handler_source, probeable
 
 NORMALISED_FILE = "ebpf.json"
+# What the Python stack walker adds to a region's entry trap, measured with
+# benchmarks/probe_cost.py (docs/results/2core-probe-cost-walker.txt).
+WALKER_HIT_S = 1.0e-6
 # The walker's on-CPU sampling rate, per CPU: a prime off the timer ticks (as perf's 49 and 99),
 # and cheap since every other process's sample returns at the first test.
 PYTHON_SAMPLE_HZ = 49
@@ -52,20 +54,13 @@ class SchedProgram:
 @dataclass(frozen=True)
 class OpenMPProgram:
     """The target's process program: the Python stack walker and its on-CPU sampler
-    (probes/pystack.bpf.c, active when compiled with the walker's flags) and the OpenMP region
-    probes (probes/openmp.bpf.c), compiled as one."""
+    (probes/pystack.bpf.c, active when compiled with the walker's flags) and the region probes
+    of every pool runtime copy it maps (probes/openmp.bpf.c, one entry handler per copy),
+    compiled as one."""
 
-    runtime: Runtime | None
+    runtimes: tuple[Runtime, ...] = ()
     tgid: int = 0
-
-    @property
-    def entry(self) -> tuple[str, str]:
-        """(symbol, handler) of the runtime's fork entry point."""
-        if self.runtime is not None and self.runtime.name == "libiomp5":
-            return "__kmpc_fork_call", "on_kmpc_fork_call"
-        return "GOMP_parallel", "on_gomp_parallel"
-
-    region_capacity: int = 1 << 18  # 8 MiB of kernel memory: 2.5 min at 1 700 regions/s
+    region_capacity: int = 1 << 18  # 10 MiB of kernel memory: 2.5 min at 1 700 regions/s
     sample_capacity: int = 1 << 17  # 3 MiB: 22 min of two CPUs sampled at PYTHON_SAMPLE_HZ
 
     def source(self) -> str:
@@ -75,7 +70,7 @@ class OpenMPProgram:
             .replace("SAMPLE_CAPACITY", str(self.sample_capacity))
         )
         regions = probe_source("openmp.bpf.c").replace("REGION_CAPACITY", str(self.region_capacity))
-        return walker + regions
+        return walker + regions + handler_source(list(self.runtimes))
 
 
 def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) -> dict[str, object]:
@@ -130,27 +125,6 @@ def machine_switch_rate(clock: Clock, seconds: float = 0.25) -> float:
     return SwitchRate(clock).rate(seconds)
 
 
-@dataclass(frozen=True)
-class RegionPoints:
-    """Where the region probes of one runtime go (profkit/probe_points.py)."""
-
-    symbol: str
-    handler: str
-    entry: ProbePoint | None
-    end: ProbePoint | None
-    returns: list[int] | None
-
-
-def region_points(program: OpenMPProgram) -> RegionPoints:
-    assert program.runtime is not None
-    symbol, handler = program.entry
-    path = program.runtime.path
-    entry = entry_point(path, symbol)
-    end = gomp_region_end(path) if symbol == "GOMP_parallel" else None
-    returns = None if end else return_sites(path, symbol)
-    return RegionPoints(symbol, handler, entry, end, returns)
-
-
 class EbpfCollector:
     name = "ebpf"
 
@@ -161,7 +135,6 @@ class EbpfCollector:
         self._openmp_bpf: object | None = None
         self.sched_decision: dict[str, object] = {}
         self.region_decision: dict[str, object] = {}
-        self._region_hit_s = 0.0
         self._context: CaptureContext | None = None
         self.slices: dict[str, list[int]] = {
             "start_ns": [],
@@ -174,10 +147,13 @@ class EbpfCollector:
             "end_ns": [],
             "tid": [],
             "requested": [],
+            "runtime": [],  # index into the probed runtimes
             "stack": [],  # index into the walker's stacks, -1 for none
         }
         self.walker: PythonWalker | None = None
         self._region_probes: list[tuple[str, dict[str, object]]] = []
+        self._hit_s: dict[int, float] = {}  # each probed copy's trap cost per region
+        self.probed_runtimes: list[dict[str, object]] = []
         self.regions_detached = False
         self._sampling = False
         self.lost = {"slices": 0, "regions": 0}
@@ -197,8 +173,8 @@ class EbpfCollector:
         self._context = context
         target = context.target
         sched = SchedProgram(target.pid)
-        runtime = target.openmp_runtime
-        program = OpenMPProgram(runtime, target.pid)
+        runtimes = tuple(probeable(target.runtimes))
+        program = OpenMPProgram(runtimes, target.pid)
         self.walker = PythonWalker(target.pid)
         flags = self.walker.prepare() if context.options.get("python_stacks") != "off" else []
         if not flags:
@@ -208,22 +184,22 @@ class EbpfCollector:
             print(f"/* --- sched --- */\n{sched.source()}")
             print(f"/* --- process ({' '.join(flags)}) --- */\n{program.source()}")
         switches = SwitchRate(context.clock)
-        found: RegionPoints | None = None
         try:
-            if runtime is not None or flags:
-                # objdump finds the probe points while clang compiles: both run outside the GIL.
-                with ThreadPoolExecutor(1) as pool:
-                    points = pool.submit(region_points, program) if runtime else None
+            if runtimes or flags:
+                # readelf and objdump find the probe points while clang compiles: both run
+                # outside the GIL.
+                with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
+                    found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
                     bpf = bcc.BPF(text=program.source(), cflags=flags)  # type: ignore[attr-defined]
-                    found = points.result() if points else None
+                    probes = [p for p in (f.result() for f in found) if p is not None]
                 self._bpf.append(bpf)
                 self._openmp_bpf = bpf
                 if flags:
                     self._attach_sampler(bcc, bpf)
                     self.walker.attach(bpf)
-                if found is not None:
-                    self._attach_openmp(program, target.pid, found)
-            regions_from = (context.clock(), _entries(self._openmp_bpf) if found else 0)
+                for copy in probes:
+                    self._attach_regions(copy, target.pid)
+            regions_from = (context.clock(), self._entries_by_copy())
             self.sched_decision = decide_sched(context, switches)
             if self.sched_decision["traced"]:
                 sched_bpf = bcc.BPF(text=sched.source())
@@ -237,7 +213,7 @@ class EbpfCollector:
                 ]
             else:
                 self.warnings.append(str(self.sched_decision["reason"]))
-            if found is not None and self._region_probes:
+            if self._region_probes:
                 self._judge_region_rate(context, *regions_from)
         except Exception:
             self.cleanup()
@@ -256,82 +232,93 @@ class EbpfCollector:
         self._sampling = True
         self.attached.append(f"perf_event:cpu-clock@{PYTHON_SAMPLE_HZ}Hz (Python stacks)")
 
-    def _attach_openmp(self, program: OpenMPProgram, pid: int, points: RegionPoints) -> None:
-        assert program.runtime is not None and self._openmp_bpf is not None
-        symbol, handler = points.symbol, points.handler
-        entry, end, returns = points.entry, points.end, points.returns
-        path = program.runtime.path
-        bpf = self._openmp_bpf
+    def _attach_regions(self, copy: RuntimeProbes, pid: int) -> None:
+        """One runtime copy's entry and end probes; a copy that refuses them is left out with
+        a warning, the rest go on."""
+        assert self._openmp_bpf is not None
+        bpf, path = self._openmp_bpf, copy.runtime.path
+        added: list[tuple[str, dict[str, object]]] = []
+        described: list[str] = []
 
-        def probe(kind: str, **where: object) -> None:
+        def probe(kind: str, what: str, **where: object) -> None:
             getattr(bpf, f"attach_{kind}")(name=path, pid=pid, **where)
-            self._region_probes.append((kind, {"name": path, "pid": pid, **where}))
+            added.append((kind, {"name": path, "pid": pid, **where}))
+            described.append(f"{kind}:{path}:{what}")
 
         try:
-            if entry:
-                probe("uprobe", addr=entry.address, fn_name=handler)
-            else:
-                probe("uprobe", sym=symbol, fn_name=handler)
-            if end:
-                probe("uprobe", addr=end.address, fn_name="on_region_return")
-            elif returns:
+            for entry in copy.entries:
+                if entry.point is not None:
+                    what = f"{entry.address:#x} ({entry.symbol} entry, {entry.point.instruction})"
+                    probe("uprobe", what, addr=entry.address, fn_name=copy.handler)
+                else:
+                    probe("uprobe", entry.symbol, sym=entry.symbol, fn_name=copy.handler)
+            if copy.end is not None:
+                what = f"{copy.end.address:#x} (region end, after the team barrier)"
+                probe("uprobe", what, addr=copy.end.address, fn_name="on_region_return")
+            elif copy.returns:
                 # A uprobe on each `ret` rather than a uretprobe: see profkit/returns.py.
-                for address in returns:
-                    probe("uprobe", addr=address, fn_name="on_region_return")
+                for address in copy.returns:
+                    probe(
+                        "uprobe", f"{address:#x} (return)", addr=address, fn_name="on_region_return"
+                    )
             else:
-                probe("uretprobe", sym=symbol, fn_name="on_region_return")
+                for entry in copy.entries:
+                    probe("uretprobe", entry.symbol, sym=entry.symbol, fn_name="on_region_return")
                 self.warnings.append(
-                    f"the returns of {symbol} could not be found (objdump/readelf missing or "
-                    "an indirect jump): region ends come from a uretprobe, which makes "
-                    "py-spy --native's pauses longer"
+                    f"the returns of {', '.join(e.symbol for e in copy.entries)} in {path} could "
+                    "not be found (objdump/readelf missing or an indirect jump): region ends "
+                    "come from a uretprobe, which makes py-spy --native's pauses longer"
                 )
         except Exception as exc:  # a stripped or unusual runtime: the rest still works
-            self.warnings.append(f"uprobe on {symbol} in {path} failed: {exc}")
+            for kind, where in added:
+                with contextlib.suppress(Exception):
+                    getattr(bpf, f"detach_{kind}")(
+                        **{k: v for k, v in where.items() if k != "fn_name"}
+                    )
+            self.warnings.append(f"region probes in {path} failed: {exc}")
             return
-        self._region_hit_s = hit_cost_s(entry) + hit_cost_s(end)
-        self.attached.append(
-            f"uprobe:{path}:{entry.address:#x} ({symbol} entry, {entry.instruction})"
-            if entry
-            else f"uprobe:{path}:{symbol}"
-        )
-        if end:
-            self.attached.append(
-                f"uprobe:{path}:{end.address:#x} (region end, after the team barrier)"
-            )
-        elif returns:
-            self.attached += [
-                f"uprobe:{path}:{address:#x} (return of {symbol})" for address in returns
-            ]
-        else:
-            self.attached.append(f"uretprobe:{path}:{symbol}")
+        self._region_probes += added
+        self.attached += described
+        self._hit_s[copy.index] = copy.hit_cost_s()
+        self.probed_runtimes.append(copy.describe())
+
+    def _entries_by_copy(self) -> dict[int, int]:
+        if self._openmp_bpf is None:
+            return {}
+        table = self._openmp_bpf["runtime_entries"]  # type: ignore[index]
+        return {index: int(table[ctypes.c_int(index)].value) for index in self._hit_s}
 
     def _judge_region_rate(
-        self, context: CaptureContext, start: int, before: int, seconds: float = 0.3
+        self, context: CaptureContext, start: int, before: dict[int, int], seconds: float = 0.3
     ) -> None:
-        """Count regions for a moment since the probes went on (start, before); detach them
-        when their traps would cost the dispatching thread more than its share of the budget
-        (a loop of small parallel ops can start 100 000 regions a second: 2 us each is then
-        20% of its time)."""
+        """Count each copy's regions for a moment since the probes went on (start, before);
+        detach them when their traps would cost the dispatching threads more than their share
+        of the budget (a loop of small parallel ops can start 100 000 regions a second: 2 us
+        each is then 20% of its time)."""
         bpf = self._openmp_bpf
         if bpf is None:
             return
         remaining = seconds - (context.clock() - start) / 1e9
         if remaining > 0:
             time.sleep(remaining)
-        rate = (_entries(bpf) - before) / max(1e-9, (context.clock() - start) / 1e9)
+        elapsed_s = max(1e-9, (context.clock() - start) / 1e9)
+        walk_s = WALKER_HIT_S if self.walker is not None and self.walker.layout else 0.0
+        rates = {i: (n - before.get(i, 0)) / elapsed_s for i, n in self._entries_by_copy().items()}
+        rate = sum(rates.values())
+        share = sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
+        per_region_s = share / rate if rate else max(self._hit_s.values(), default=0.0) + walk_s
         budget = REGION_PROBE_SHARE * float(context.options.get("overhead_budget", "0.02"))
-        share = rate * self._region_hit_s
         self.region_decision = {
             "traced": share <= budget,
             "regions_per_s": round(rate),
-            "cost_per_region_us": round(self._region_hit_s * 1e6, 1),
+            "cost_per_region_us": round(per_region_s * 1e6, 1),
             "expected_share": share,
         }
         if share <= budget:
             return
         reason = (
             f"OpenMP region probes detached: the target started {rate:,.0f} regions a second, "
-            f"~{100 * share:.1f}% of its dispatching thread at {1e6 * self._region_hit_s:.1f} us "
+            f"~{100 * share:.1f}% of its dispatching thread at {1e6 * per_region_s:.1f} us "
             f"per region, over their {100 * budget:g}% share of the budget; attribution falls "
             "back to py-spy's native stacks"
         )
@@ -339,12 +326,15 @@ class EbpfCollector:
         self.warnings.append(reason)
         # Only the region probes go: the walker's sampler stays on the same program.
         for kind, where in self._region_probes:
-            where = {k: v for k, v in where.items() if k != "fn_name"}
-            with contextlib.suppress(Exception):
-                getattr(bpf, f"detach_{kind}")(**where)
+            self._detach(kind, where)
         self._region_probes = []
         self.regions_detached = True
         self.attached = [a for a in self.attached if not a.startswith(("uprobe:", "uretprobe:"))]
+
+    def _detach(self, kind: str, where: dict[str, object]) -> None:
+        with contextlib.suppress(Exception):
+            detach = getattr(self._openmp_bpf, f"detach_{kind}")
+            detach(**{k: v for k, v in where.items() if k != "fn_name"})
 
     def _seed_threads(self, bpf: object, pid: int) -> None:
         times = bpf["times"]  # type: ignore[index]
@@ -418,6 +408,8 @@ class EbpfCollector:
                     if self._context.target.openmp_runtime
                     else None
                 ),
+                # Every runtime copy whose region probes went on; regions.runtime indexes it.
+                "runtimes": self.probed_runtimes,
             }
         )
         write_new(self._context.directory / NORMALISED_FILE, json.dumps(payload))
@@ -456,7 +448,7 @@ class EbpfCollector:
     def _read_regions(self, bpf: object, count: int, stack_index: dict[int, int]) -> None:
         """Copy the in-kernel region log out in one batch, after the window."""
         for _, v in _read_log(bpf, "region_log", count, self.lost, "regions"):
-            for key in ("start_ns", "end_ns", "tid", "requested"):
+            for key in ("start_ns", "end_ns", "tid", "requested", "runtime"):
                 self.regions[key].append(getattr(v, key))
             self.regions["stack"].append(stack_index.get(int(v.stack), -1))
 
