@@ -152,3 +152,39 @@ def test_without_bcc_the_site_comes_from_pyspy(start_recipe, tmp_path: Path) -> 
     assert report["pools"][0]["regions_with_stack"] == 0
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert manifest["collectors"]["ebpf"]["status"] == "unavailable"
+
+
+def test_every_copy_of_a_runtime_is_probed(start_recipe, tmp_path: Path) -> None:
+    """Two copies of libgomp mapped (as a package bundling its own brings): both probed, and
+    each region counted against the copy that ran it."""
+    recipe = start_recipe("sites.py", "--pool", "gomp2", "--rounds-per-s", "50", warmup=0.5)
+    captured = attach(recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=2.0)
+    assert captured.returncode == 0, captured.stderr
+    ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
+    copies = [r for r in ebpf["runtimes"] if r["name"] == "libgomp"]
+    assert len(copies) == 2 and len({c["path"] for c in copies}) == 2, ebpf["runtimes"]
+    stacks = python_part(tmp_path / "b")["stacks"]
+    per_copy: dict[int, set[str]] = {}
+    for runtime, stack in zip(ebpf["regions"]["runtime"], ebpf["regions"]["stack"], strict=True):
+        per_copy.setdefault(runtime, set()).add(stacks[stack]["frames"][-1]["function"])
+    second = next(c["index"] for c in copies if "libgomp-copy" in c["path"])
+    first = next(c["index"] for c in copies if c["index"] != second)
+    assert per_copy == {first: {"site_one", "site_two"}, second: {"site_three"}}, per_copy
+
+
+def test_openblas_pool_attributed_to_its_line(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe(
+        "sites.py", "--pool", "blas", "--rounds-per-s", "10", env={"OPENBLAS_NUM_THREADS": "2"}
+    )
+    captured = attach(recipe.pid, tmp_path / "b", duration=4.0)
+    assert captured.returncode == 0, captured.stderr
+    report = report_of(tmp_path / "b")
+    pool = next(p for p in report["pools"] if p["runtime"] == "openblas")
+    assert pool["regions"] > 0 and pool["regions_with_stack"] >= 0.99 * pool["regions"], pool
+    rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openblas"}
+    assert set(rows) == set(SITES), report["attribution"]
+    assert {r["method"] for r in rows.values()} == {"stack"}
+    assert_ratio({site: rows[site]["regions"] for site in SITES}, 0.1)
+    for site in SITES:
+        line = line_of("# " + site.replace("_", " "))
+        assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
