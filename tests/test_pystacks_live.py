@@ -37,6 +37,17 @@ def python_part(out: Path) -> dict:
     return json.loads((out / "ebpf.json").read_text())["python"]
 
 
+def grafts(folded: str) -> set[tuple[str, ...]]:
+    """The Python functions above each "[openmp pool" frame of a folded merged export."""
+    chains = set()
+    for line in folded.splitlines():
+        frames = line.rsplit(" ", 1)[0].split(";")
+        pool = next((i for i, f in enumerate(frames) if f.startswith("[openmp pool")), None)
+        if pool is not None:
+            chains.add(tuple(f.split(" (")[0] for f in frames[1:pool]))
+    return chains
+
+
 def assert_ratio(counts: dict[str, float], tolerance: float) -> None:
     """counts per site against 1:2:3, each within `tolerance` (relative)."""
     unit = counts["site_one"]
@@ -63,6 +74,14 @@ def test_three_sites_at_default_settings(start_recipe, tmp_path: Path) -> None:
     assert pool["regions_with_stack"] >= 0.99 * pool["regions"] > 0, pool
     notes = [n for n in report["attribution_notes"] if n["pool"] == "openmp"]
     assert "regions carry their Python stack" in notes[0]["reason"], notes
+    # The merged flame graph grafts the pool under the real stack of each site.
+    exported = run_profkit(
+        "export", str(tmp_path / "b"), "--format", "folded", "-o", str(tmp_path / "m.folded")
+    )
+    assert exported.returncode == 0, exported.stderr
+    chains = grafts((tmp_path / "m.folded").read_text())
+    nested = ("<module>", "main", "run", "one_round", "helper_outer", "helper_inner", "site_three")
+    assert nested in chains, chains
 
 
 def test_nested_frames_give_the_whole_stack(start_recipe, tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """Weighted stacks for flame graphs and exports, in CPU seconds, for four views.
 
-merged   the process as one tree whose root is the process's CPU: each Python thread's py-spy
-         stacks scaled to its /proc CPU; each pool's CPU grafted, per dispatching site, under
-         that site's Python stack as "[openmp pool xN]" with the workers' perf stacks beneath;
-         other threads by name.
+merged   the process as one tree whose root is the process's CPU: each Python thread's sampled
+         stacks (the eBPF walker's or py-spy's) scaled to its /proc CPU; each pool's CPU grafted,
+         per dispatching site, under the Python stack that dispatched the site's regions (read
+         at each region by the eBPF walker, else the most sampled one) as "[openmp pool xN]"
+         with the workers' perf stacks beneath; other threads by name.
 python   what py-spy alone shows (every sample, idle included, as py-spy --idle draws it).
 workers  the pools' own perf stacks.
 offcpu   waiting time: Python threads' idle samples and the workers' off-CPU time.
@@ -179,7 +180,13 @@ def _merged(
         head = Node(f"[{pool.pool.name} pool x{pool.pool.team_size}]", SYNTHETIC)
         sites = pool.attribution.sites
         grafts = [
-            (s.share, _site_stack(bundle.pyspy, s.site.file, s.site.line, window)) for s in sites
+            (
+                s.share,
+                # The stack method carries the site's real Python stack from the region probes.
+                tuple(_py_node(Frame(f.function, f.file, f.line)) for f in s.stack)
+                or _site_stack(bundle.pyspy, s.site.file, s.site.line, window),
+            )
+            for s in sites
         ] or [(1.0, (Node("[dispatch site unknown]", SYNTHETIC),))]
         pool_tree: dict[Stack, float] = {}
         for share, site_stack in grafts:
