@@ -236,7 +236,7 @@ def _pyspy(directory: Path, manifest: dict) -> PySpySpans | None:
         raise BadBundle(f"pyspy.json lacks {exc}") from exc
 
 
-def python_samples_from_ebpf(directory: Path) -> PySpySpans | None:
+def python_samples_from_ebpf(directory: Path, manifest: dict) -> PySpySpans | None:
     """The eBPF walker's on-CPU samples of the Python threads, in py-spy's shape: one span per
     sample, Python frames only (no native frames, as py-spy --nonblocking)."""
     data = load_part(directory, "ebpf.json")
@@ -244,6 +244,9 @@ def python_samples_from_ebpf(directory: Path) -> PySpySpans | None:
     samples = python.get("samples")
     if not samples or not samples.get("t_ns"):
         return None
+    thread_names = {
+        int(t["tid"]): str(t["name"]) for t in manifest.get("target", {}).get("threads", [])
+    }
     try:
         frames: dict[tuple[str, str, int], int] = {}
         sources: dict[str, str] = {}
@@ -266,7 +269,7 @@ def python_samples_from_ebpf(directory: Path) -> PySpySpans | None:
         return PySpySpans(
             frames=tuple(Frame(*key) for key in frames),
             stacks=tuple(stacks),
-            names={},
+            names={int(t): thread_names.get(int(t), "python") for t in python.get("threads", [])},
             tid=_array(samples["tid"], "tid", "ebpf.json"),
             start_ns=t_ns,
             end_ns=t_ns,
@@ -397,7 +400,7 @@ def load_bundle(directory: Path | str) -> Bundle:
         directory,
         manifest,
         _proc(directory),
-        _pyspy(directory, manifest) or python_samples_from_ebpf(directory),
+        _pyspy(directory, manifest) or python_samples_from_ebpf(directory, manifest),
         _perf(directory, manifest),
         _sched(directory),
         _cgroup(directory),

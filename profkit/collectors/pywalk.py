@@ -174,6 +174,8 @@ class PythonWalker:
             "layout": self.layout.source,
             "counts": counts,
             "thread_map_refreshes": self.refreshes,
+            # Every thread found in the interpreter's thread list: the Python threads, idle or not.
+            "threads": sorted(self._known),
             "stacks": stacks,
         }
         return payload, index
