@@ -141,7 +141,7 @@ def main(argv=None):
         )
         worker.start()
         while worker.is_alive():
-            worker.join(0.2)
+            worker.join(0.2)  # main waits
     else:
         run(dispatch, stop, args.rounds_per_s, counter)
     print(f"rounds={counter[0]}", flush=True)

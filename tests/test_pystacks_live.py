@@ -207,3 +207,29 @@ def test_openblas_pool_attributed_to_its_line(start_recipe, tmp_path: Path) -> N
     for site in SITES:
         line = line_of("# " + site.replace("_", " "))
         assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
+
+
+def test_offcpu_python_stacks_without_pyspy(start_recipe, tmp_path: Path) -> None:
+    """With the scheduler traced, the walker reads each Python thread's stack as it leaves
+    the CPU: the main thread, waiting on the dispatching thread, is off CPU at its join."""
+    recipe = start_recipe(
+        "sites.py", "--pool", "gomp", "--rounds-per-s", "50", "--thread", warmup=0.5
+    )
+    out = tmp_path / "b"
+    captured = attach(
+        recipe.pid, out, "--collectors", "ebpf,proc", "--ebpf-sched", "on", duration=2.0
+    )
+    assert captured.returncode == 0, captured.stderr
+    exported = run_profkit(
+        "export", str(out), "--format", "folded", "--view", "offcpu", "-o", str(tmp_path / "o")
+    )
+    assert exported.returncode == 0, exported.stderr
+    waits = 0.0
+    join = f"main (sites.py:{line_of('# main waits')})"
+    for line in (tmp_path / "o").read_text().splitlines():
+        frames, weight = line.rsplit(" ", 1)
+        if frames.split(";")[0].endswith(f"({recipe.pid})") and join in frames:
+            waits += int(weight) / 1e6  # folded weights are in microseconds
+    window = json.loads((out / "manifest.json").read_text())["window"]
+    seconds = (window["end_ns"] - window["start_ns"]) / 1e9
+    assert waits >= 0.8 * seconds, (waits, seconds)

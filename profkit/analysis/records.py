@@ -105,6 +105,8 @@ class SchedData:
     # The pool ("openmp", "openblas") of the runtime copy that started each region.
     region_pool: np.ndarray | None = None
     runtimes: tuple[dict, ...] = ()  # every runtime copy probed, by index
+    # Python threads' time off CPU by the stack they left with: (tid, stack index, seconds).
+    python_offcpu: tuple[tuple[int, int, float], ...] = ()
 
     def for_pool(self, pool: str) -> SchedData:
         """The same data with only the regions of this pool's runtimes."""
@@ -364,8 +366,16 @@ def _python_stacks(python: dict) -> dict[str, object]:
         )
         for stack in python.get("stacks", [])
     )
+    offcpu = python.get("offcpu") or {}
     return {
         "python_stacks": stacks,
+        "python_offcpu": tuple(
+            (int(t), int(i), int(ns) / 1e9)
+            for t, i, ns in zip(
+                offcpu.get("tid", []), offcpu.get("stack", []), offcpu.get("ns", []), strict=True
+            )
+            if 0 <= int(i) < len(stacks)
+        ),
         "walker": str(python.get("walker", "off")),
         "walker_reason": str(python.get("reason", "")),
     }

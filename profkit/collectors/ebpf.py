@@ -62,6 +62,9 @@ class OpenMPProgram:
     tgid: int = 0
     region_capacity: int = 1 << 18  # 10 MiB of kernel memory: 2.5 min at 1 700 regions/s
     sample_capacity: int = 1 << 17  # 3 MiB: 22 min of two CPUs sampled at PYTHON_SAMPLE_HZ
+    # The scheduler tracepoints (probes/sched.bpf.c) in the same program, when traced: with the
+    # walker they read each Python thread's stack as it leaves the CPU.
+    sched: SchedProgram | None = None
 
     def source(self) -> str:
         walker = (
@@ -70,7 +73,8 @@ class OpenMPProgram:
             .replace("SAMPLE_CAPACITY", str(self.sample_capacity))
         )
         regions = probe_source("openmp.bpf.c").replace("REGION_CAPACITY", str(self.region_capacity))
-        return walker + regions + handler_source(list(self.runtimes))
+        sched = self.sched.source() if self.sched is not None else ""
+        return walker + regions + handler_source(list(self.runtimes)) + sched
 
 
 def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) -> dict[str, object]:
@@ -172,49 +176,52 @@ class EbpfCollector:
         bcc = load_bcc()
         self._context = context
         target = context.target
-        sched = SchedProgram(target.pid)
+        switches = SwitchRate(context.clock)
         runtimes = tuple(probeable(target.runtimes))
-        program = OpenMPProgram(runtimes, target.pid)
         self.walker = PythonWalker(target.pid)
         flags = self.walker.prepare() if context.options.get("python_stacks") != "off" else []
         if not flags:
             self.walker.reason = self.walker.reason or "Python stack walker off (--python-stacks)"
             self.warnings.append(self.walker.reason)
+        # Decided before compiling, since the tracepoints are part of the one program: the
+        # context-switch rate is counted over the walker's preparation.
+        self.sched_decision = decide_sched(context, switches)
+        traced = bool(self.sched_decision["traced"])
+        if not traced:
+            self.warnings.append(str(self.sched_decision["reason"]))
+        program = OpenMPProgram(
+            runtimes, target.pid, sched=SchedProgram(target.pid) if traced else None
+        )
         if self.print_programs:
-            print(f"/* --- sched --- */\n{sched.source()}")
             print(f"/* --- process ({' '.join(flags)}) --- */\n{program.source()}")
-        switches = SwitchRate(context.clock)
+        if not (runtimes or flags or traced):
+            self._start_ns = context.clock()
+            return
         try:
-            if runtimes or flags:
-                # readelf and objdump find the probe points while clang compiles: both run
-                # outside the GIL.
-                with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
-                    found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
-                    bpf = bcc.BPF(text=program.source(), cflags=flags)  # type: ignore[attr-defined]
-                    probes = [p for p in (f.result() for f in found) if p is not None]
-                self._bpf.append(bpf)
-                self._openmp_bpf = bpf
-                if flags:
-                    self._attach_sampler(bcc, bpf)
-                    self.walker.attach(bpf)
-                for copy in probes:
-                    self._attach_regions(copy, target.pid)
-            regions_from = (context.clock(), self._entries_by_copy())
-            self.sched_decision = decide_sched(context, switches)
-            if self.sched_decision["traced"]:
-                sched_bpf = bcc.BPF(text=sched.source())
-                self._bpf.append(sched_bpf)
-                self._sched_bpf = sched_bpf
-                self._seed_threads(sched_bpf, target.pid)
+            # readelf and objdump find the probe points while clang compiles: both run outside
+            # the GIL.
+            with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
+                found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
+                bpf = bcc.BPF(text=program.source(), cflags=flags)  # type: ignore[attr-defined]
+                probes = [p for p in (f.result() for f in found) if p is not None]
+            self._bpf.append(bpf)
+            self._openmp_bpf = bpf
+            if traced:
+                # TRACEPOINT_PROBE functions are attached as the program loads.
+                self._sched_bpf = bpf
+                self._seed_threads(bpf, target.pid)
                 self.attached += [
                     "tracepoint:sched:sched_switch",
                     "tracepoint:sched:sched_wakeup",
                     "tracepoint:sched:sched_wakeup_new",
                 ]
-            else:
-                self.warnings.append(str(self.sched_decision["reason"]))
+            if flags:
+                self._attach_sampler(bcc, bpf)
+                self.walker.attach(bpf)
+            for copy in probes:
+                self._attach_regions(copy, target.pid)
             if self._region_probes:
-                self._judge_region_rate(context, *regions_from)
+                self._judge_region_rate(context, context.clock(), self._entries_by_copy())
         except Exception:
             self.cleanup()
             raise
@@ -353,6 +360,9 @@ class EbpfCollector:
         assert self._context is not None
         end_ns = self._context.clock()
         payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
+        # Off-CPU time per (Python stack, thread); the intervals still open at the window's end
+        # are closed here, as the threads' on/off-CPU times are.
+        offcpu_by_stack: dict[tuple[int, int], list[int]] = {}
         if self._sched_bpf is not None:
             sched = self._sched_bpf
             threads = {}
@@ -363,6 +373,9 @@ class EbpfCollector:
                     oncpu += max(0, end_ns - value.last_in_ns)
                 elif value.last_out_ns:
                     offcpu += max(0, end_ns - value.last_out_ns)
+                    if value.off_stack:
+                        open_off = offcpu_by_stack.setdefault((value.off_stack, key.value), [0, 0])
+                        open_off[0] += max(0, end_ns - value.last_out_ns)
                 threads[str(key.value)] = {
                     "oncpu_ns": oncpu,
                     "offcpu_ns": offcpu,
@@ -371,6 +384,10 @@ class EbpfCollector:
                 }
             payload["threads"] = threads
             self._read_slices(sched)
+            for k, v in sched["pystack_offcpu"].items():  # type: ignore[index]
+                off = offcpu_by_stack.setdefault((k.stack, k.tid), [0, 0])
+                off[0] += int(v.ns)
+                off[1] += int(v.switches)
             payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]  # type: ignore[index]
         python: dict[str, object] = {"walker": "off", "reason": "no OpenMP region probe"}
         if self.walker is not None:
@@ -386,6 +403,13 @@ class EbpfCollector:
                 self._read_regions(self._openmp_bpf, ended, stack_index)
             if self._sampling:
                 python["samples"] = self._read_samples(self._openmp_bpf, stack_index)
+            if self._sched_bpf is not None and stack_index:
+                python["offcpu"] = {
+                    "tid": [tid for (_, tid) in offcpu_by_stack],
+                    "stack": [stack_index.get(stack, -1) for (stack, _) in offcpu_by_stack],
+                    "ns": [v[0] for v in offcpu_by_stack.values()],
+                    "switches": [v[1] for v in offcpu_by_stack.values()],
+                }
             payload["region_entries"] = entries
             hist = self._openmp_bpf["duration_us_log2"]  # type: ignore[index]
             payload["histogram_us_log2"] = {
