@@ -46,8 +46,6 @@ def run_capture(
         raise UsageError("--budget and --cpu-budget must be positive")
     ebpf_denied = cannot_run(("ebpf",), perf_scope).get("ebpf") if os.geteuid() != 0 else None
     parsed, pyspy_note = plan_collectors(collectors, target, python_stacks, ebpf_denied)
-    if pyspy_note:
-        click.echo(f"profkit: {pyspy_note}", err=True)
     for cleanup in clean_stale():
         click.echo(
             f"profkit: a capture by pid {cleanup.owner} was killed; cleaned up: "
@@ -62,6 +60,8 @@ def run_capture(
         )
     for name, why in unavailable.items():
         click.echo(f"profkit: note: {name} not started: {why}", err=True)
+    if pyspy_note:
+        click.echo(f"profkit: note: {pyspy_note}", err=True)
     parsed = tuple(n for n in parsed if n not in unavailable)
     if not target.has_torch:
         click.echo(
