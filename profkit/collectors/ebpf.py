@@ -29,7 +29,7 @@ from .regions import RuntimeProbes, find_probes, handler_source, probeable
 NORMALISED_FILE = "ebpf.json"
 # What the Python stack walker adds to a region's entry trap, measured with
 # benchmarks/probe_cost.py (docs/results/2core-probe-cost-walker.txt).
-WALKER_HIT_S = 1.0e-6
+WALKER_HIT_S = 1.4e-6
 # The walker's on-CPU sampling rate, per CPU: a prime off the timer ticks (as perf's 49 and 99),
 # and cheap since every other process's sample returns at the first test.
 PYTHON_SAMPLE_HZ = 49
