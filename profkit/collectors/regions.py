@@ -20,10 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import sh
-
 from ..probe_points import ProbePoint, entry_point, gomp_region_end, hit_cost_s
-from ..returns import return_sites, symbol_address
+from ..returns import TOOL_ERRORS, function_symbols, return_sites, symbol_address
 from ..target import Runtime
 
 
@@ -109,13 +107,15 @@ def find_symbol(path: str, symbol: str) -> tuple[str, int] | None:
     address = symbol_address(path, symbol)
     if address is not None:
         return symbol, address
-    text = str(sh.Command("readelf")("-Ws", "--dyn-syms", path, _err="/dev/null"))
     pattern = re.compile(rf"^\w+_{re.escape(symbol)}$")
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) >= 8 and fields[3] == "FUNC" and pattern.match(fields[7].split("@")[0]):
-            return fields[7].split("@")[0], int(fields[1], 16)
-    return None
+    return next(
+        (
+            (name, address)
+            for name, address in function_symbols(path).items()
+            if pattern.match(name)
+        ),
+        None,
+    )
 
 
 def find_probes(index: int, runtime: Runtime) -> RuntimeProbes | None:
@@ -139,7 +139,7 @@ def find_probes(index: int, runtime: Runtime) -> RuntimeProbes | None:
         if end is None:
             for entry in entries:
                 returns += return_sites(runtime.path, entry.symbol) or []
-    except (sh.ErrorReturnCode, sh.CommandNotFound, OSError):
+    except TOOL_ERRORS:
         return None
     return RuntimeProbes(index, runtime, kind, tuple(entries), end, tuple(returns))
 
