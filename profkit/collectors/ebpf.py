@@ -173,16 +173,10 @@ class EbpfCollector:
         return Availability(True)
 
     def start(self, context: CaptureContext) -> None:
-        bcc = load_bcc()
         self._context = context
         target = context.target
         switches = SwitchRate(context.clock)
-        runtimes = tuple(probeable(target.runtimes))
-        self.walker = PythonWalker(target.pid)
-        flags = self.walker.prepare() if context.options.get("python_stacks") != "off" else []
-        if not flags:
-            self.walker.reason = self.walker.reason or "Python stack walker off (--python-stacks)"
-            self.warnings.append(self.walker.reason)
+        flags = self._prepare_walker(target, context.options.get("python_stacks") != "off")
         # Decided before compiling, since the tracepoints are part of the one program: the
         # context-switch rate is counted over the walker's preparation.
         self.sched_decision = decide_sched(context, switches)
@@ -190,42 +184,74 @@ class EbpfCollector:
         if not traced:
             self.warnings.append(str(self.sched_decision["reason"]))
         program = OpenMPProgram(
-            runtimes, target.pid, sched=SchedProgram(target.pid) if traced else None
+            tuple(probeable(target.runtimes)),
+            target.pid,
+            sched=SchedProgram(target.pid) if traced else None,
         )
+        self._load(program, flags, sample=True)
+        if self._region_probes:
+            try:
+                self._judge_region_rate(context, context.clock(), self._entries_by_copy())
+            except Exception:
+                self.cleanup()
+                raise
+        self._start_ns = context.clock()
+
+    def load_counters(self, target: Target, python_stacks: bool = True) -> None:
+        """For a long-running reader (profkit watch): the walker and every runtime copy's
+        region probes with no logs, no sampler and no scheduler tracepoints; the cumulative maps
+        (pystack_stats, runtime_entries) are read as often as wanted, and cleanup() detaches."""
+        flags = self._prepare_walker(target, python_stacks)
+        program = OpenMPProgram(
+            tuple(probeable(target.runtimes)), target.pid, region_capacity=1, sample_capacity=1
+        )
+        self._load(program, flags, sample=False)
+
+    def _prepare_walker(self, target: Target, wanted: bool) -> list[str]:
+        self.walker = PythonWalker(target.pid)
+        flags = self.walker.prepare() if wanted else []
+        if not flags:
+            self.walker.reason = self.walker.reason or "Python stack walker off (--python-stacks)"
+            self.warnings.append(self.walker.reason)
+        return flags
+
+    def _load(self, program: OpenMPProgram, flags: list[str], sample: bool) -> None:
+        """Compile the process program and attach what it holds; on any failure nothing stays
+        attached."""
         if self.print_programs:
             print(f"/* --- process ({' '.join(flags)}) --- */\n{program.source()}")
-        if not (runtimes or flags or traced):
-            self._start_ns = context.clock()
+        if not (program.runtimes or flags or program.sched):
             return
+        bcc = load_bcc()
         try:
             # readelf and objdump find the probe points while clang compiles: both run outside
             # the GIL.
+            runtimes = program.runtimes
             with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
                 found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
                 bpf = bcc.BPF(text=program.source(), cflags=flags)  # type: ignore[attr-defined]
                 probes = [p for p in (f.result() for f in found) if p is not None]
             self._bpf.append(bpf)
             self._openmp_bpf = bpf
-            if traced:
+            if program.sched is not None:
                 # TRACEPOINT_PROBE functions are attached as the program loads.
                 self._sched_bpf = bpf
-                self._seed_threads(bpf, target.pid)
+                self._seed_threads(bpf, program.tgid)
                 self.attached += [
                     "tracepoint:sched:sched_switch",
                     "tracepoint:sched:sched_wakeup",
                     "tracepoint:sched:sched_wakeup_new",
                 ]
             if flags:
-                self._attach_sampler(bcc, bpf)
+                if sample:
+                    self._attach_sampler(bcc, bpf)
+                assert self.walker is not None
                 self.walker.attach(bpf)
             for copy in probes:
-                self._attach_regions(copy, target.pid)
-            if self._region_probes:
-                self._judge_region_rate(context, context.clock(), self._entries_by_copy())
+                self._attach_regions(copy, program.tgid)
         except Exception:
             self.cleanup()
             raise
-        self._start_ns = context.clock()
 
     def _attach_sampler(self, bcc: object, bpf: object) -> None:
         """The walker's on-CPU sampler: a cpu-clock event on every CPU, kept to the target's
