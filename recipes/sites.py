@@ -124,7 +124,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pool", choices=["torch", "gomp", "gomp2", "blas"], default="torch")
     parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--mb", type=float, default=16.0, help="copy size (--pool torch)")
+    parser.add_argument("--mb", type=float, default=48.0, help="copy size (--pool torch)")
     parser.add_argument("--rounds-per-s", type=float, default=0.0, help="0: as fast as it can")
     parser.add_argument("--thread", action="store_true", help="dispatch from a second thread")
     args = parser.parse_args(argv)

@@ -332,7 +332,10 @@ def test_no_shell_sees_the_target_command_line(tmp_path: Path) -> None:
 
 
 def test_over_the_stop_budget_pyspy_goes_nonblocking(start_recipe, tmp_path: Path) -> None:
-    # 50 Hz --native on 8 threads holds the target stopped far more than 0.1% of the time.
+    # 100 Hz --native on 8 threads holds the target stopped 10-30% of the time, far over 0.1%.
+    # The monitor sees stops only at the /proc sampler's 5-Hz instants, from 1.5 s into the
+    # window: at 50 Hz over 6 s (about 22 instants, 7% stopped at the least) it saw none in 1
+    # run of 4; at 100 Hz over 10 s (about 42 instants, 14%) the chance of none is under 1%.
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     result = run_profkit(
@@ -340,14 +343,14 @@ def test_over_the_stop_budget_pyspy_goes_nonblocking(start_recipe, tmp_path: Pat
         "--pid",
         str(recipe.pid),
         "--duration",
-        "6",
+        "10",
         "--out",
         str(out),
         "--no-report",
         "--collectors",
         "proc,pyspy",
         "--rate",
-        "50",
+        "100",
         "--pyspy-mode",
         "native",
         "--stop-budget",
