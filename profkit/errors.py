@@ -18,6 +18,7 @@ EXIT_BAD_BUNDLE = 8
 EXIT_CAPTURE = 9
 EXIT_CGROUP = 10
 EXIT_OUTPUT = 11
+EXIT_LISTEN = 12
 EXIT_INTERRUPTED = 130
 
 
@@ -70,6 +71,12 @@ class CgroupError(ProfkitError):
 
 class OutputError(ProfkitError):
     exit_code = EXIT_OUTPUT
+
+
+class ListenError(ProfkitError):
+    """`watch`: the metrics address cannot be bound (port in use, address not on this host)."""
+
+    exit_code = EXIT_LISTEN
 
 
 def fail_unexpected(exc: BaseException) -> int:
