@@ -88,6 +88,7 @@ class Agent:
         self.serve()
         if self.options.push_url:
             self.pusher = Pusher(self.options.push_url, self.notify)
+            self.counters.pusher = self.pusher
 
     def run(self, on_window: Callable[[Agent], None] | None = None) -> None:
         """Until stop is set: one window per interval, on a fixed schedule."""
@@ -234,11 +235,6 @@ class Agent:
         self.counters.cpu_seconds = times.user + times.system
         self.counters.targets = len(live)
         self.counters.processes = len(self.processes)
-        if self.pusher is not None:
-            self.counters.pushes, self.counters.push_failures = (
-                self.pusher.sent,
-                self.pusher.failed,
-            )
         self.collector.publish(Snapshot(tuple(self.series.values()), self.counters))
 
     def _emit_profile(self, series: TargetSeries, now_unix: float) -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .labels import LABELS
+from .profiles import Pusher
 from .series import TargetSeries
 
 
@@ -28,7 +29,7 @@ class AgentCounters:
     profiles_written: int = 0
     interval_s: float = 15.0
     probe_failures: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
+    pusher: Pusher | None = None  # read at scrape time: pushes finish between windows
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,8 @@ class WatchCollector(Collector):
         yield from (process, python, pool, regions, site, periods, throttled, throttled_s)
         yield from (threads, quota, recommended, finding)
         agent = snap.agent
+        if agent.pusher is not None:
+            agent.pushes, agent.push_failures = agent.pusher.sent, agent.pusher.failed
         yield CounterMetricFamily(
             "profkit_agent_cpu_seconds_total",
             "CPU time of the profkit agent itself (user + system).",
