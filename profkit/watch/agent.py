@@ -145,6 +145,8 @@ class Agent:
             self._drop(identity)  # exited, or its pid now names another process
         self.rejected &= set(found)
         for identity, candidate in found.items():
+            if self.stop.is_set():
+                break  # compiling a probe takes a while; a stop request does not wait for all
             if identity in self.processes or identity in self.rejected:
                 continue
             self._add(candidate)
@@ -190,7 +192,12 @@ class Agent:
                 'reported as site="unknown"',
             )
         self.processes[candidate.identity] = (watched, labels)
-        self.series.setdefault(labels, TargetSeries(labels))
+        series = self.series.setdefault(labels, TargetSeries(labels))
+        with contextlib.suppress(CgroupError, OSError):
+            cg = cpu_cgroup(target.pid)
+            stat = read_cpu_stat(cg)
+            with self.collector.lock:
+                series.prime(cg.stat_directory, stat)
         self._say_once(
             f"watch-{candidate.identity}",
             f"watching {labels[0]} (pid {target.pid}"

@@ -91,6 +91,10 @@ class TargetSeries:
     _site_totals: dict[SiteKey, float] = field(default_factory=dict)
     _labelled: set[SiteKey] = field(default_factory=set)
 
+    def prime(self, directory: Path, stat: CpuStat) -> None:
+        """A new process's cgroup, read when it is first watched: its first window counts."""
+        self._baselines.setdefault(directory, stat)
+
     def cgroup_window(self, groups: dict[Path, tuple[CgroupCpu, CpuStat]]) -> CgroupDelta | None:
         """Add each cgroup's growth since the last window; None the first time one is seen."""
         total: CgroupDelta | None = None
