@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,6 +120,17 @@ def fd_kinds(pid: int) -> dict[str, int]:
     return kinds
 
 
+def watched_processes(port: int) -> int | None:
+    """How many processes the agent watches now, from its own metrics."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    found = re.search(r"^profkit_processes (\S+)$", text, re.M)
+    return int(float(found.group(1))) if found else None
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -169,11 +181,13 @@ def main() -> int:
                     for arm in arms:
                         for run in arm.runs[-args.recipes :]:
                             stop(run)
-                    for arm in arms:
-                        arm.runs += [start_recipe(g) for g in arm.groups]
+                    for index in range(args.recipes):  # interleaved: neither arm starts first
+                        for arm in arms:
+                            arm.runs.append(start_recipe(arm.groups[index]))
                     next_restart += args.restart_every
                 if agent is None and now >= start + control_s:
                     selectors = [f"--cgroup=/{g.limited.name}" for g in arms[0].groups]
+                    port = free_port()
                     agent = subprocess.Popen(
                         [
                             sys.executable,
@@ -182,7 +196,7 @@ def main() -> int:
                             "watch",
                             *selectors,
                             f"--interval={args.interval:g}",
-                            f"--listen=127.0.0.1:{free_port()}",
+                            f"--listen=127.0.0.1:{port}",
                         ],
                         cwd=ROOT,
                         stdout=subprocess.DEVNULL,
@@ -196,6 +210,7 @@ def main() -> int:
                                 "rss_mib": round(rss_mib(agent.pid), 1),
                                 "cpu_s": cpu_s(agent.pid),
                                 "fds": fd_kinds(agent.pid),
+                                "watched": watched_processes(port),
                             }
                         )
                     next_sample += 10
@@ -272,7 +287,10 @@ def main() -> int:
             f"  agent RSS {first['rss_mib']} MiB at {first['t_s']} s -> {last['rss_mib']} MiB "
             f"at {last['t_s']} s (max {result['rss_mib_first_steady_last_max'][2]} MiB)"
         )  # type: ignore[index]
-        print(f"  agent fds {first['fds']} -> {last['fds']}")
+        print(
+            f"  agent fds {first['fds']} watching {first['watched']} -> {last['fds']} watching "
+            f"{last['watched']}"
+        )
         print(f"  agent CPU {result['agent_cpu_cores']:.4f} cores")
     print(
         f"  agent stopped in {stop_took if stop_took is None else round(stop_took, 2)} s, "

@@ -24,7 +24,7 @@ from .discover import Candidate, Identity, candidates
 from .labels import labels_of
 from .metrics import AgentCounters, Snapshot, WatchCollector
 from .options import WatchOptions
-from .probe import RegionProbe
+from .probe import NoProbe, RegionProbe
 from .process import ProcessWindow, WatchedProcess
 from .profiles import ProfileDirectory, Pusher, PushItem, pprof_bytes
 from .series import TargetSeries
@@ -129,6 +129,8 @@ class Agent:
         for identity, (watched, labels) in list(self.processes.items()):
             try:
                 window = watched.close_window()
+                if watched.awaiting_runtime and watched.look_for_runtime():
+                    self._announce(watched, labels)
             except (FileNotFoundError, ProcessLookupError, OSError):
                 self._drop(identity)
                 continue
@@ -170,27 +172,14 @@ class Agent:
         if target.start_ticks != candidate.start_ticks:
             return  # the pid was reused between the scan and now: next interval
         labels = labels_of(target.pid, target.cmdline, candidate.comm, self.options.name)
-        probe = RegionProbe(target) if self.options.probes else _NoProbe(target)
+        probe = RegionProbe(target) if self.options.probes else NoProbe(target)
         watched = WatchedProcess(target, probe)
         try:
             watched.begin()
         except (FileNotFoundError, ProcessLookupError, OSError):
             watched.close()
             return
-        if probe.reason:
-            self.counters.probe_failures += (
-                probe.status != "on" and target.openmp_runtime is not None
-            )
-            self._say_once(
-                f"probe-{labels[0]}-{probe.reason}",
-                f"{labels[0]} (pid {target.pid}): {probe.reason}",
-            )
-        elif probe.walker_reason:
-            self._say_once(
-                f"walker-{labels[0]}",
-                f"{labels[0]} (pid {target.pid}): {probe.walker_reason}; dispatch sites are "
-                'reported as site="unknown"',
-            )
+        self._announce(watched, labels)
         self.processes[candidate.identity] = (watched, labels)
         series = self.series.setdefault(labels, TargetSeries(labels))
         with contextlib.suppress(CgroupError, OSError):
@@ -198,12 +187,31 @@ class Agent:
             stat = read_cpu_stat(cg)
             with self.collector.lock:
                 series.prime(cg.stat_directory, stat)
+        if not self.options.probes:
+            state = ""
+        elif watched.awaiting_runtime:
+            state = ", region probe once it loads an OpenMP runtime"
+        else:
+            state = f", region probe {probe.status}"
         self._say_once(
-            f"watch-{candidate.identity}",
-            f"watching {labels[0]} (pid {target.pid}"
-            + (f", region probe {probe.status}" if self.options.probes else "")
-            + ")",
+            f"watch-{candidate.identity}", f"watching {labels[0]} (pid {target.pid}{state})"
         )
+
+    def _announce(self, watched: WatchedProcess, labels: tuple[str, ...]) -> None:
+        probe, pid = watched.probe, watched.pid
+        if watched.awaiting_runtime:
+            return  # said once the runtime is loaded
+        if probe.reason:
+            self.counters.probe_failures += probe.status != "on"
+            self._say_once(
+                f"probe-{labels[0]}-{probe.reason}", f"{labels[0]} (pid {pid}): {probe.reason}"
+            )
+        elif probe.walker_reason:
+            self._say_once(
+                f"walker-{labels[0]}",
+                f"{labels[0]} (pid {pid}): {probe.walker_reason}; dispatch sites are "
+                'reported as site="unknown"',
+            )
 
     def _say_once(self, key: str, message: str) -> None:
         if key not in self._said:
@@ -257,10 +265,3 @@ class Agent:
                 self._say_once("profiles-dir", f"cannot write profiles: {exc}")
         if self.pusher is not None:
             self.pusher.submit(PushItem(series.labels, data, start, now_unix))
-
-
-class _NoProbe(RegionProbe):
-    """--no-probes: /proc and the cgroup only."""
-
-    def start(self) -> None:
-        self.reason = ""

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 from .. import procfs
 from ..analysis.attribution import _resolve_op
-from ..target import Target, pool_threads
-from .probe import PyFrameInfo, RegionProbe
+from ..errors import ProfkitError
+from ..target import Target, inspect, pool_threads
+from .probe import NoProbe, PyFrameInfo, RegionProbe
 
 POOL_NAME = {"libgomp": "openmp", "libiomp5": "openmp"}
 UNKNOWN_SITE = "unknown"
@@ -101,19 +102,42 @@ class WatchedProcess:
         rt = self.target.openmp_runtime
         return POOL_NAME.get(rt.name) if rt else None
 
+    @property
+    def awaiting_runtime(self) -> bool:
+        """Found before it loaded an OpenMP runtime (torch not imported yet)."""
+        return self.target.openmp_runtime is None and not isinstance(self.probe, NoProbe)
+
     def begin(self) -> None:
         """Load the probe and take the baseline; the first window closes at the next read."""
+        self._start_probe()
+        self._cpu = self._read_threads()
+        self._classify(list(self._cpu))
+        self._process_cpu = procfs.read_stat(self.pid).cpu_seconds
+        self._last_s = time.monotonic()
+
+    def _start_probe(self) -> None:
         self.probe.start()
         rt = self.target.openmp_runtime
         if rt is not None:
             with contextlib.suppress(OSError):
                 self._runtime_code = _code_ranges(self.pid, rt.path)
-        self._cpu = self._read_threads()
-        self._classify(list(self._cpu))
-        self._process_cpu = procfs.read_stat(self.pid).cpu_seconds
         self._regions = self.probe.regions()
         self._stacks = {i: c.region_ns for i, (c, _) in self.probe.stacks().items()}
-        self._last_s = time.monotonic()
+
+    def look_for_runtime(self) -> bool:
+        """Read the process's maps again; once it has loaded an OpenMP runtime, load the probe.
+        True when that happened now."""
+        try:
+            target = inspect(self.pid)
+        except ProfkitError:
+            return False
+        if target.start_ticks != self.target.start_ticks or target.openmp_runtime is None:
+            return False
+        self.target = target
+        self.probe.close()
+        self.probe = RegionProbe(target)
+        self._start_probe()
+        return True
 
     def _read_threads(self) -> dict[int, float]:
         cpu: dict[int, float] = {}
