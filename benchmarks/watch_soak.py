@@ -6,15 +6,16 @@ that restart, and what it costs them, side by side with an unwatched control arm
 
 Two arms of `--recipes` fan-out recipes each run at the same time, every recipe in its own CPU
 quota of `--cores`, all restarted together every `--restart-every` seconds (a new pid, the same
-command). The run has two phases: a control phase in which nothing is watched (an A/A control:
-the two arms' throughput ratio without profkit, the method's own bias), then the watch phase in
-which `profkit watch` watches arm A through its cgroups. The cost is 1 - (A/B while watched) ÷
-(A/B in the control phase). Throughput is the recipes' copies per second, from their progress
-lines. The agent's RSS, open file descriptors (by kind: perf events, BPF programs and maps) and
-CPU are sampled every 10 s; tracefs' uprobe_events is compared before and after the run.
+command). The run has control time in which nothing is watched (an A/A control: the two arms'
+throughput ratio without profkit, the method's own bias), half before and half after the watch
+phase, in which `profkit watch` watches arm A through its cgroups. The cost is
+1 - (A/B while watched) ÷ (A/B in the control time). Throughput is the recipes' copies per
+second, from their progress lines. The agent's RSS, open file descriptors (by kind: perf
+events, BPF programs and maps) and CPU are sampled every 10 s; tracefs' uprobe_events is
+compared before and after the run.
 
-Needs root (cgroups, eBPF). Runs `--minutes` in all, the first `--control-share` of it as the
-control phase.
+Needs root (cgroups, eBPF). Runs `--minutes` in all, `--control-share` of it as control time
+(a 30-minute watch phase: --minutes 37.5 --control-share 0.2).
 """
 
 from __future__ import annotations
@@ -103,6 +104,27 @@ def stop(run: Run) -> None:
             run.process.wait()
 
 
+def stop_agent(agent: subprocess.Popen[str]) -> float | None:
+    """SIGTERM; how long the agent took to exit, None if it had to be killed."""
+    stopping = time.monotonic()
+    agent.send_signal(signal.SIGTERM)
+    try:
+        agent.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait()
+        return None
+    return time.monotonic() - stopping
+
+
+def stop_all(runs: list[Run]) -> None:
+    for run in runs:
+        if run.process.poll() is None:
+            run.process.send_signal(signal.SIGINT)
+    for run in runs:
+        stop(run)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -159,11 +181,15 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=15.0)
     parser.add_argument("--control-share", type=float, default=0.2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--agent-log", type=Path, default=Path(os.devnull), help="the agent's stderr"
+    )
     args = parser.parse_args()
     total_s = args.minutes * 60
     control_s = total_s * args.control_share
     events_before = uprobe_events()
     with contextlib.ExitStack() as stack:
+        agent_log = stack.enter_context(args.agent_log.open("w"))
         arms = [
             Arm(name, [stack.enter_context(quota_group(args.cores)) for _ in range(args.recipes)])
             for name in ("A", "B")
@@ -171,21 +197,25 @@ def main() -> int:
         start = time.monotonic()
         agent: subprocess.Popen[str] | None = None
         samples: list[dict[str, object]] = []
-        phases = {"control": (start, start + control_s), "watch": (start + control_s, 0.0)}
+        # The control time is split around the watch phase, so that the load of the machine
+        # drifting over the run weighs on both alike.
+        watch_from, watch_to = start + control_s / 2, start + total_s - control_s / 2
         next_restart = start
-        next_sample = start + control_s
+        next_sample = watch_from
+        stop_took: float | None = None
         try:
             while time.monotonic() < start + total_s:
                 now = time.monotonic()
                 if now >= next_restart:
-                    for arm in arms:
-                        for run in arm.runs[-args.recipes :]:
-                            stop(run)
+                    # Stopped together, so that neither arm is down longer than the other.
+                    stop_all([r for arm in arms for r in arm.runs[-args.recipes :]])
                     for index in range(args.recipes):  # interleaved: neither arm starts first
                         for arm in arms:
                             arm.runs.append(start_recipe(arm.groups[index]))
                     next_restart += args.restart_every
-                if agent is None and now >= start + control_s:
+                if agent is not None and agent.returncode is None and now >= watch_to:
+                    stop_took = stop_agent(agent)
+                if agent is None and now >= watch_from:
                     selectors = [f"--cgroup=/{g.limited.name}" for g in arms[0].groups]
                     port = free_port()
                     agent = subprocess.Popen(
@@ -200,13 +230,13 @@ def main() -> int:
                         ],
                         cwd=ROOT,
                         stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
+                        stderr=agent_log,
                     )
-                if agent is not None and now >= next_sample:
+                if agent is not None and agent.returncode is None and now >= next_sample:
                     with contextlib.suppress(OSError):
                         samples.append(
                             {
-                                "t_s": round(now - start - control_s, 1),
+                                "t_s": round(now - watch_from, 1),
                                 "rss_mib": round(rss_mib(agent.pid), 1),
                                 "cpu_s": cpu_s(agent.pid),
                                 "fds": fd_kinds(agent.pid),
@@ -217,23 +247,19 @@ def main() -> int:
                 time.sleep(0.5)
         finally:
             end = time.monotonic()
-            stop_took = None
-            if agent is not None:
-                stopping = time.monotonic()
-                agent.send_signal(signal.SIGTERM)
-                try:
-                    agent.wait(timeout=10)
-                    stop_took = time.monotonic() - stopping
-                except subprocess.TimeoutExpired:
-                    agent.kill()
-                    agent.wait()
-            for arm in arms:
-                for run in arm.runs:
-                    stop(run)
-    phases["watch"] = (phases["watch"][0], end)
+            if agent is not None and agent.returncode is None:
+                stop_took = stop_agent(agent)
+            stop_all([r for arm in arms for r in arm.runs])
+    windows = {
+        "control": [(start, watch_from), (watch_to, end)],
+        "watch": [(watch_from, min(watch_to, end))],
+    }
     rates = {
-        phase: {arm.name: arm.copies_between(a, b) / (b - a) for arm in arms}
-        for phase, (a, b) in phases.items()
+        phase: {
+            arm.name: sum(arm.copies_between(a, b) for a, b in spans) / sum(b - a for a, b in spans)
+            for arm in arms
+        }
+        for phase, spans in windows.items()
     }
     control_ratio = rates["control"]["A"] / rates["control"]["B"]
     watch_ratio = rates["watch"]["A"] / rates["watch"]["B"]
