@@ -263,8 +263,15 @@ def main() -> int:
     }
     control_ratio = rates["control"]["A"] / rates["control"]["B"]
     watch_ratio = rates["watch"]["A"] / rates["watch"]["B"]
-    # Steady state: after the first window's probes compiled and the first restart settled.
-    steady = [s for s in samples if float(s["t_s"]) >= 60] or samples  # type: ignore[arg-type]
+    # Per restart cycle: the RSS trough (between probe compiles, which briefly take tens of
+    # MiB) and the most descriptors held (every probe of the cycle loaded). Flat troughs and
+    # equal peaks across cycles: nothing accumulates.
+    cycles: dict[int, list[dict[str, object]]] = {}
+    for sample in samples[1:]:
+        at = watch_from + float(sample["t_s"]) - start  # type: ignore[arg-type]
+        cycles.setdefault(int(at // args.restart_every), []).append(sample)
+    troughs = [min(float(x["rss_mib"]) for x in c) for _, c in sorted(cycles.items())]  # type: ignore[arg-type]
+    fd_peaks = [max(int(x["fds"]["total"]) for x in c) for _, c in sorted(cycles.items())]  # type: ignore[index]
     result = {
         "minutes": args.minutes,
         "restart_every_s": args.restart_every,
@@ -282,12 +289,9 @@ def main() -> int:
             if len(samples) >= 2
             else None
         ),
-        "rss_mib_first_steady_last_max": (
-            [steady[0]["rss_mib"], steady[-1]["rss_mib"], max(s["rss_mib"] for s in samples)]  # type: ignore[type-var]
-            if samples
-            else None
-        ),
-        "fds_first_steady_last": [steady[0]["fds"], steady[-1]["fds"]] if samples else None,
+        "rss_mib_trough_per_cycle": troughs,
+        "rss_mib_max": max((float(x["rss_mib"]) for x in samples), default=None),  # type: ignore[arg-type]
+        "fds_peak_per_cycle": fd_peaks,
         "agent_stop_s": stop_took,
         "agent_exit": agent.returncode if agent is not None else None,
         "uprobe_events_unchanged": uprobe_events() == events_before,
@@ -308,15 +312,8 @@ def main() -> int:
     )
     print(f"  cost to the watched targets: {100 * result['cost']:+.2f}% (A/A control corrected)")
     if samples:
-        first, last = steady[0], steady[-1]
-        print(
-            f"  agent RSS {first['rss_mib']} MiB at {first['t_s']} s -> {last['rss_mib']} MiB "
-            f"at {last['t_s']} s (max {result['rss_mib_first_steady_last_max'][2]} MiB)"
-        )  # type: ignore[index]
-        print(
-            f"  agent fds {first['fds']} watching {first['watched']} -> {last['fds']} watching "
-            f"{last['watched']}"
-        )
+        print(f"  agent RSS trough per restart cycle (MiB): {troughs}; max {result['rss_mib_max']}")
+        print(f"  agent fds, peak per restart cycle: {fd_peaks}; at the end {samples[-1]['fds']}")
         print(f"  agent CPU {result['agent_cpu_cores']:.4f} cores")
     print(
         f"  agent stopped in {stop_took if stop_took is None else round(stop_took, 2)} s, "

@@ -15,8 +15,9 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -198,7 +199,7 @@ def interpolate(readings: list[tuple[float, float]], t: float) -> float:
 class Readings:
     """Reads a function of the clock every `step` s on a thread: the test's own ground truth."""
 
-    def __init__(self, read, step: float = 0.1) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, read: Callable[[], object], step: float = 0.1) -> None:
         self.read = read
         self.step = step
         self.values: list[tuple[float, object]] = []
@@ -220,7 +221,7 @@ class Readings:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def series(self, key) -> list[tuple[float, float]]:  # type: ignore[no-untyped-def]
+    def series(self, key: Callable[[Any], float]) -> list[tuple[float, float]]:
         return [(t, float(key(v))) for t, v in self.values]
 
 

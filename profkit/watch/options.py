@@ -53,7 +53,9 @@ class WatchOptions:
     probes: bool = True  # the OpenMP region probes and the stack walker (eBPF)
 
 
-def parse_selectors(pids: tuple[int, ...], matches: tuple[str, ...], cgroups: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def parse_selectors(
+    pids: tuple[int, ...], matches: tuple[str, ...], cgroups: tuple[str, ...]
+) -> Selectors:
     for pattern in matches:
         try:
             re.compile(pattern)

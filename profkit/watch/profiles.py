@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
@@ -110,7 +111,7 @@ def ingest_request(url: str, item: PushItem) -> urllib.request.Request:
 class Pusher:
     """Posts profiles in the background; counts what was delivered and what failed."""
 
-    def __init__(self, url: str, on_first_failure) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, url: str, on_first_failure: Callable[[str], None]) -> None:
         self.url = url
         self.sent = 0
         self.failed = 0
