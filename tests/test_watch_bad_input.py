@@ -4,6 +4,7 @@ running (no target yet, a target gone, a push server down), it keeps running and
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import time
 
@@ -64,7 +65,7 @@ def test_match_nothing_waits_and_says_so_once() -> None:
         time.sleep(3)  # six intervals
         assert a.process.poll() is None, a.output
         assert "profkit_targets 0.0" in a.metrics()
-        code, took = a.terminate()
+        code, took = a.terminate(sig=signal.SIGINT)  # Ctrl-C ends it as SIGTERM does
     assert code == 0 and took < 5
     waiting = [line for line in a.output.splitlines() if "no Python process matches" in line]
     assert waiting == [

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from profkit.autothreads import THREAD_VARIABLES
 from profkit.cgroup import parse_cpu_stat, recommended_threads
 
 from .conftest import RECIPES, _start, needs_root
@@ -63,11 +64,10 @@ def test_watch_scraped_by_prometheus(start_recipe) -> None:
     tag = f"watch-test-{os.getpid()}"
     # The recipe with the default pool, in a quota it cannot run.
     over = start_recipe("shm_fanout.py", "--report-every", "60", cores=QUOTA, warmup=1.0)
-    # The same recipe started as `run --cap-threads` starts it: pools sized to the quota.
+    # The same recipe with the environment `run --cap-threads` gives it: pools sized to the
+    # quota.
     cap = recommended_threads(QUOTA, len(os.sched_getaffinity(0)))
-    capped_env = {
-        v: str(cap) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-    }
+    capped_env = {variable: str(cap) for variable in THREAD_VARIABLES}
     capped = start_recipe("shm_fanout.py", cores=QUOTA, env=capped_env, warmup=1.0)
     assert over.group is not None and capped.group is not None
     match = r"shm_fanout\.py --report-every 60"

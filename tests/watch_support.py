@@ -89,12 +89,13 @@ class AgentProcess:
     def metrics(self) -> str:
         return http_get(self.url)
 
-    def terminate(self, timeout: float = 5.0) -> tuple[int, float]:
-        """SIGTERM; (exit status, seconds it took). Killed, and the test fails, past timeout."""
+    def terminate(self, timeout: float = 5.0, sig: int = signal.SIGTERM) -> tuple[int, float]:
+        """SIGTERM (or sig); (exit status, seconds it took). Killed, and the test fails, past
+        timeout."""
         if self.process.poll() is not None:
             return self.process.returncode, 0.0
         start = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
+        self.process.send_signal(sig)
         try:
             code = self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
