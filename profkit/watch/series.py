@@ -89,7 +89,6 @@ class TargetSeries:
     profile_seconds: float = 0.0
     _baselines: dict[Path, CpuStat] = field(default_factory=dict)
     _site_totals: dict[SiteKey, float] = field(default_factory=dict)
-    _labelled: set[SiteKey] = field(default_factory=set)
 
     def prime(self, directory: Path, stat: CpuStat) -> None:
         """A new process's cgroup, read when it is first watched: its first window counts."""
@@ -123,15 +122,10 @@ class TargetSeries:
             del self._baselines[directory]
         return total
 
-    def _site_label(self, key: SiteKey) -> SiteKey:
-        """The site's own series while it is among the target's top sites by CPU so far."""
-        if key in self._labelled:
-            return key
-        ranked = sorted(self._site_totals, key=lambda k: -self._site_totals[k])[:TOP_SITES]
-        if key in ranked and len(self._labelled) < TOP_SITES:
-            self._labelled.add(key)
-            return key
-        return SiteKey(OTHER_SITE, "", "")
+    def _top_sites(self) -> set[SiteKey]:
+        """The target's top sites by CPU so far. A site that leaves them keeps its series (a
+        counter that stops growing); what it burns from then on goes to site="other"."""
+        return set(sorted(self._site_totals, key=lambda k: -self._site_totals[k])[:TOP_SITES])
 
     def add(
         self,
@@ -160,8 +154,9 @@ class TargetSeries:
                 sites[(w.runtime, key)] = sites.get((w.runtime, key), 0.0) + cpu
                 self._site_totals[key] = self._site_totals.get(key, 0.0) + cpu
             stacks.update(w.site_stacks)
+        top = self._top_sites()
         for (runtime, key), cpu in sites.items():
-            label = self._site_label(key)
+            label = key if key in top else SiteKey(OTHER_SITE, "", "")
             series = (runtime, label.site, label.op)
             self.site_cpu[series] = self.site_cpu.get(series, 0.0) + cpu
         self.pool_threads = teams
