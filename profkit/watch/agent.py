@@ -121,16 +121,31 @@ class Agent:
     def tick(self) -> None:
         now_unix = time.time()
         windows = self._close_windows()
+        # Read right after the processes, before discovery (which may compile probes for
+        # seconds), so that both close at the time the counters are stamped with.
+        cgroups = {labels: self._cgroups(items) for labels, items in windows.items()}
         self._discover()
-        self._publish(windows, now_unix)
+        with self.collector.lock:
+            updated = self._update(windows, cgroups, now_unix)
+        for series in updated:
+            self._emit_profile(series, now_unix)
+
+    def _cgroups(
+        self, items: list[tuple[WatchedProcess, ProcessWindow]]
+    ) -> dict[Path, tuple[CgroupCpu, CpuStat]]:
+        groups: dict[Path, tuple[CgroupCpu, CpuStat]] = {}
+        for watched, _ in items:
+            with contextlib.suppress(CgroupError, OSError):
+                cg = cpu_cgroup(watched.pid)
+                if cg.stat_directory not in groups:
+                    groups[cg.stat_directory] = (cg, read_cpu_stat(cg))
+        return groups
 
     def _close_windows(self) -> dict[tuple[str, ...], list[tuple[WatchedProcess, ProcessWindow]]]:
         grouped: dict[tuple[str, ...], list[tuple[WatchedProcess, ProcessWindow]]] = {}
         for identity, (watched, labels) in list(self.processes.items()):
             try:
                 window = watched.close_window()
-                if watched.awaiting_runtime and watched.look_for_runtime():
-                    self._announce(watched, labels)
             except (FileNotFoundError, ProcessLookupError, OSError):
                 self._drop(identity)
                 continue
@@ -142,6 +157,15 @@ class Agent:
         watched.close()
 
     def _discover(self) -> None:
+        for identity, (watched, labels) in list(self.processes.items()):
+            if self.stop.is_set():
+                return
+            if watched.awaiting_runtime:
+                try:
+                    if watched.look_for_runtime():
+                        self._announce(watched, labels)
+                except OSError:
+                    self._drop(identity)
         found = {c.identity: c for c in candidates(self.options.selectors)}
         for identity in [i for i in self.processes if i not in found]:
             self._drop(identity)  # exited, or its pid now names another process
@@ -218,30 +242,18 @@ class Agent:
             self._said.add(key)
             self.notify(message)
 
-    def _publish(
-        self,
-        grouped: dict[tuple[str, ...], list[tuple[WatchedProcess, ProcessWindow]]],
-        now_unix: float,
-    ) -> None:
-        with self.collector.lock:
-            self._update(grouped, now_unix)
-
     def _update(
         self,
         grouped: dict[tuple[str, ...], list[tuple[WatchedProcess, ProcessWindow]]],
+        cgroups: dict[tuple[str, ...], dict[Path, tuple[CgroupCpu, CpuStat]]],
         now_unix: float,
-    ) -> None:
+    ) -> list[TargetSeries]:
+        updated = []
         for labels, items in grouped.items():
             series = self.series.setdefault(labels, TargetSeries(labels))
-            groups: dict[Path, tuple[CgroupCpu, CpuStat]] = {}
-            for watched, _ in items:
-                with contextlib.suppress(CgroupError, OSError):
-                    cg = cpu_cgroup(watched.pid)
-                    if cg.stat_directory not in groups:
-                        groups[cg.stat_directory] = (cg, read_cpu_stat(cg))
             cpus = max(w.target.cpus_allowed for w, _ in items)
-            series.add([w for _, w in items], groups, cpus, now_unix)
-            self._emit_profile(series, now_unix)
+            series.add([w for _, w in items], cgroups[labels], cpus, now_unix)
+            updated.append(series)
         live = {labels for _, labels in self.processes.values()}
         for labels, series in self.series.items():
             series.live = labels in live
@@ -251,6 +263,7 @@ class Agent:
         self.counters.targets = len(live)
         self.counters.processes = len(self.processes)
         self.collector.publish(Snapshot(tuple(self.series.values()), self.counters))
+        return updated
 
     def _emit_profile(self, series: TargetSeries, now_unix: float) -> None:
         if not series.profile or (self.profiles is None and self.pusher is None):
