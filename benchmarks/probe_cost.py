@@ -63,10 +63,10 @@ def layouts(path: str) -> dict[str, tuple[dict, list[int], bool]]:
 def load(bcc, path: str, walker: bool):  # type: ignore[no-untyped-def]  # bcc has no stubs
     """The region program, with the walker reading this process's own threads."""
     if not walker:
-        return bcc.BPF(text=OpenMPProgram(Runtime("libgomp", path)).source())
+        return bcc.BPF(text=OpenMPProgram((Runtime("libgomp", path),)).source())
     layout = detect(os.getpid())
     bpf = bcc.BPF(
-        text=OpenMPProgram(Runtime("libgomp", path)).source(), cflags=compile_flags(layout)
+        text=OpenMPProgram((Runtime("libgomp", path),)).source(), cflags=compile_flags(layout)
     )
     table = bpf["tstates"]
     for tid, tstate in thread_states(os.getpid(), layout).items():
@@ -101,7 +101,7 @@ def main() -> int:
             bare.append(copies_per_s(source, destination, args.seconds, args.depth))
             bpf = load(bcc, path, walker)
             try:
-                bpf.attach_uprobe(name=path, fn_name="on_gomp_parallel", pid=os.getpid(), **entry)
+                bpf.attach_uprobe(name=path, fn_name="on_entry_0", pid=os.getpid(), **entry)
                 for address in ends:
                     bpf.attach_uprobe(
                         name=path, addr=address, fn_name="on_region_return", pid=os.getpid()

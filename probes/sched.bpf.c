@@ -2,8 +2,11 @@
 // switches, who wakes whom, and a log of on-CPU slices for the timeline. The log is an array
 // read in bulk after the capture: a per-event perf buffer would make profkit wake for every
 // context switch of a large pool, and that CPU is taken from the target.
-// TARGET_TGID and SLICE_CAPACITY are substituted by profkit before compiling.
-#include <linux/sched.h>
+// TARGET_TGID and SLICE_CAPACITY are substituted by profkit before compiling. This file follows
+// pystack.bpf.c and openmp.bpf.c in one program; with the walker (PYSTACK), a Python thread
+// that leaves the CPU has its stack read, and its time off CPU is counted against that stack.
+// No #include: TRACEPOINT_PROBE brings the tracepoints' argument structs, and <linux/sched.h>
+// alone doubled the compile time.
 
 struct thread_time {
     u64 oncpu_ns;
@@ -12,6 +15,18 @@ struct thread_time {
     u64 last_out_ns;
     u64 voluntary;
     u64 involuntary;
+    u64 off_stack;  // the Python stack the thread left the CPU with, 0 for none
+};
+
+struct offcpu_key {
+    u64 stack;
+    u32 tid;
+    u32 pad;
+};
+
+struct offcpu_time {
+    u64 ns;
+    u64 switches;
 };
 
 struct wake_key {
@@ -30,6 +45,7 @@ BPF_HASH(times, u32, struct thread_time, 16384);
 BPF_HASH(wakeups, struct wake_key, u64, 65536);
 BPF_ARRAY(slice_log, struct slice, SLICE_CAPACITY);
 BPF_ARRAY(slice_count, u64, 1);
+BPF_HASH(pystack_offcpu, struct offcpu_key, struct offcpu_time, 16384);
 
 static inline void log_slice(u64 start, u64 end, u32 tid, u32 voluntary) {
     u32 zero = 0;
@@ -68,6 +84,9 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             }
             t->last_out_ns = now;
             t->last_in_ns = 0;
+#ifdef PYSTACK
+            t->off_stack = walk_python(0);
+#endif
             if (voluntary)
                 t->voluntary++;
             else
@@ -77,8 +96,19 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     // The incoming task is known only once it has run for the target (or was seeded).
     struct thread_time *n = times.lookup(&next);
     if (n) {
-        if (n->last_out_ns)
+        if (n->last_out_ns) {
             n->offcpu_ns += now - n->last_out_ns;
+            if (n->off_stack) {
+                struct offcpu_key key = {n->off_stack, next, 0};
+                struct offcpu_time fresh = {};
+                struct offcpu_time *off = pystack_offcpu.lookup_or_try_init(&key, &fresh);
+                if (off) {
+                    __sync_fetch_and_add(&off->ns, now - n->last_out_ns);
+                    __sync_fetch_and_add(&off->switches, 1);
+                }
+                n->off_stack = 0;
+            }
+        }
         n->last_in_ns = now;
     }
     return 0;

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import stat
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -17,22 +18,92 @@ from pathlib import Path
 from . import __version__
 from .collectors.base import CollectorResult
 from .errors import BadBundle, OutputError
+from .safefile import replace_file
 from .target import Target, pool_threads
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 
 
-def create_directory(path: Path) -> Path:
+def create_directory(path: Path) -> int:
+    """Create the bundle directory (or take an empty one this user owns) and hold it open.
+
+    Returns its descriptor; every write goes through it (safefile.held_directory), so that a
+    name renamed or replaced after this check is never followed. A link, or a directory another
+    user owns or may write to, is refused: its owner could plant links in it for root to write
+    through. A directory profkit did not create is never chmod'ed.
+    """
     try:
-        path.mkdir(parents=True, exist_ok=False, mode=0o700)
-    except FileExistsError as exc:
-        if any(path.iterdir()):
-            raise OutputError(f"output directory {path} exists and is not empty") from exc
-        path.chmod(0o700)
+        existing: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        existing = None
     except OSError as exc:
-        raise OutputError(f"cannot create {path}: {exc.strerror}") from exc
-    return path
+        raise OutputError(f"cannot use {path}: {exc.strerror}") from exc
+    if existing is not None:
+        _check_existing(path, existing)
+    else:
+        try:
+            path.mkdir(parents=True, exist_ok=False, mode=0o700)
+        except FileExistsError as exc:
+            raise OutputError(f"{path} appeared while profkit was creating it") from exc
+        except OSError as exc:
+            raise OutputError(f"cannot create {path}: {exc.strerror}") from exc
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        opened = os.fstat(fd)
+    except OSError as exc:
+        raise OutputError(f"cannot open {path}: {exc.strerror}") from exc
+    try:
+        named = os.lstat(path)
+        if (opened.st_dev, opened.st_ino) != (named.st_dev, named.st_ino) or (
+            existing is not None
+            and (opened.st_dev, opened.st_ino) != (existing.st_dev, existing.st_ino)
+        ):
+            raise OutputError(f"{path} was replaced while profkit opened it")
+        _check_existing(path, opened)
+        if os.listdir(fd):
+            raise OutputError(f"output directory {path} exists and is not empty")
+    except OSError as exc:
+        os.close(fd)
+        raise OutputError(f"cannot use {path}: {exc.strerror}") from exc
+    except OutputError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_output(path: Path) -> None:
+    """The refusals of create_directory that need nothing created, made before anything starts
+    (create_directory checks again on what it opens)."""
+    try:
+        existing = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OutputError(f"cannot use {path}: {exc.strerror}") from exc
+    _check_existing(path, existing)
+    try:
+        if any(path.iterdir()):
+            raise OutputError(f"output directory {path} exists and is not empty")
+    except OSError as exc:
+        raise OutputError(f"cannot use {path}: {exc.strerror}") from exc
+
+
+def _check_existing(path: Path, info: os.stat_result) -> None:
+    if stat.S_ISLNK(info.st_mode):
+        raise OutputError(f"{path} is a symbolic link; name the directory itself")
+    if not stat.S_ISDIR(info.st_mode):
+        raise OutputError(f"{path} exists and is not a directory")
+    if info.st_uid != os.geteuid():
+        raise OutputError(
+            f"{path} is owned by uid {info.st_uid}, not by the user running profkit "
+            f"(uid {os.geteuid()}); its owner could plant links in it"
+        )
+    if info.st_mode & 0o022:
+        raise OutputError(
+            f"{path} can be written by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            "they could plant links in it"
+        )
 
 
 def default_directory(pid: int) -> Path:
@@ -87,12 +158,10 @@ def host_record() -> dict[str, object]:
 
 def write_manifest(directory: Path, manifest: dict[str, object]) -> None:
     path = directory / MANIFEST
-    temporary = path.with_suffix(".tmp")
     try:
-        temporary.write_text(json.dumps(manifest, indent=2))
-        temporary.replace(path)
+        replace_file(path, json.dumps(manifest, indent=2))
     except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror}") from exc
+        raise OutputError(f"cannot write {MANIFEST}: {exc.strerror}") from exc
 
 
 def collector_record(result: CollectorResult) -> dict[str, object]:
@@ -143,9 +212,13 @@ def load_part(directory: Path, name: str) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadBundle(f"{path} is truncated or corrupt: {exc}") from exc
+    if not isinstance(data, dict):
+        # A file that is there but holds no table is damage, not a collector that did not run.
+        raise BadBundle(f"{path} holds {json.dumps(data)[:20]}, not a collector's data")
+    return data
 
 
 def directory_size(directory: Path) -> int:
@@ -168,7 +241,7 @@ def _shrink_ebpf(directory: Path) -> bool:
         return False
     data["slices"] = {key: [] for key in data["slices"]}
     data["slices_dropped_for_size"] = True
-    path.write_text(json.dumps(data))
+    replace_file(path, json.dumps(data))
     return True
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
+import math
 import os
 import signal
 import sys
@@ -14,6 +17,7 @@ from pathlib import Path
 from . import procfs
 from .budget import HANG_S, Budget, BudgetMonitor
 from .bundle import (
+    MANIFEST,
     collector_record,
     create_directory,
     enforce_max_size,
@@ -26,9 +30,12 @@ from .cgroup import cpu_cgroup
 from .clock import NS_PER_S, Clock, monotonic_ns
 from .collectors import REGISTRY
 from .collectors.base import CaptureContext, Collector, CollectorResult
-from .errors import CaptureFailed, CgroupError, UsageError
+from .collectors.ebpf import EbpfCollector
+from .collectors.pywalk import PythonWalker
+from .errors import CaptureFailed, CgroupError, OutputError, ProfkitError, UsageError
 from .quota_report import diagnose
-from .runs import RunRecord
+from .runs import RunRecord, target_lock
+from .safefile import held_directory
 from .startup import (
     cpu_spent_by_tool,
     tools_cpu_by_process,
@@ -41,7 +48,9 @@ from .target import Target, ensure_same, pool_threads
 # Start order: the slow eBPF compile first, so that it does not eat into the window.
 ALL_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
 # perf stat repeats what /proc and eBPF already count, at a cost (docs/collectors.md): opt-in.
-DEFAULT_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_record", "pyspy")
+# py-spy stops the target per sample: it joins the default set only where the eBPF walker
+# cannot read the target's Python stacks (plan_collectors).
+DEFAULT_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_record")
 # Teardown: the samplers first, so that their last samples close the window (the /proc
 # sampler's last full one is each thread's CPU at the end); then the tools all at once, since
 # one after the other they took 5.3 s on 2 cores (py-spy 1.5, perf record 2.8, eBPF 0.8), most
@@ -68,19 +77,56 @@ class CaptureRequest:
     options: dict[str, str] = field(default_factory=dict)
     clock: Clock = monotonic_ns
     budget: Budget = field(default_factory=Budget)
+    # Run even if another profkit is capturing the same target; both manifests say so.
+    force: bool = False
+    # Requested collectors this user may not run, and why: recorded, never started.
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+# A write that failed for one of these ends the capture: the disk, not a collector, is at fault.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
+
+
+def plan_collectors(
+    text: str | None,
+    target: Target,
+    python_stacks: str = "auto",
+    ebpf_denied: str | None = None,
+) -> tuple[tuple[str, ...], str]:
+    """The collectors to run, and why py-spy was added to the default set ("" if it was not).
+    Asked-for collectors are run as asked; ebpf_denied is why this user may not load BPF."""
+    if text is not None:
+        return parse_collectors(text), ""
+    availability = EbpfCollector().available(target)
+    if ebpf_denied:
+        why = f"eBPF is not allowed ({ebpf_denied})"
+    elif not availability.ok:
+        why = f"eBPF is unavailable ({availability.reason})"
+    elif python_stacks == "off":
+        why = "the eBPF stack walker is off (--python-stacks off)"
+    else:
+        walker = PythonWalker(target.pid)
+        if walker.prepare():
+            return DEFAULT_COLLECTORS, ""
+        why = walker.reason.replace(
+            "Python stack walker off: ", "the eBPF stack walker cannot run: "
+        )
+    return (*DEFAULT_COLLECTORS, "pyspy"), f"py-spy samples the Python stacks: {why}"
 
 
 def parse_collectors(text: str | None) -> tuple[str, ...]:
-    if not text:
+    """None: the defaults; an empty or blank list is an error, not a silent default."""
+    if text is None:
         return DEFAULT_COLLECTORS
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     if names == ("all",):
         return ALL_COLLECTORS
+    if not names:
+        raise UsageError(f"no collector named; known: {', '.join(ALL_COLLECTORS)} (or all)")
     unknown = [n for n in names if n not in REGISTRY]
-    if unknown or not names:
+    if unknown:
         raise UsageError(
-            f"unknown collector {', '.join(unknown) or '(none)'}; known: "
-            f"{', '.join(ALL_COLLECTORS)} (or all)"
+            f"unknown collector {', '.join(unknown)}; known: {', '.join(ALL_COLLECTORS)} (or all)"
         )
     return tuple(n for n in ALL_COLLECTORS if n in names)
 
@@ -139,19 +185,92 @@ def capture(
     stop: threading.Event | None = None,
     on_tick: Callable[[float, dict[str, Collector]], None] | None = None,
 ) -> dict:
-    """Capture into request.directory and return the manifest that was written."""
-    if request.duration_s <= 0:
-        raise UsageError(f"--duration must be positive, got {request.duration_s:g}")
+    """Capture into request.directory and return the manifest that was written.
+
+    Whatever ends it early (an error, a failed write, an exception no one expected), the tools
+    are stopped, perf.data is removed and the bundle is marked aborted with the reason before
+    the error goes on to the command line.
+    """
+    if not math.isfinite(request.duration_s) or request.duration_s <= 0:
+        raise UsageError(f"--duration must be a positive number, got {request.duration_s:g}")
     if request.rate_hz <= 0 or request.rate_hz > 1000:
         raise UsageError(f"--rate must be between 1 and 1000 Hz, got {request.rate_hz}")
     ensure_same(request.target)
+    target = request.target
     old_umask = os.umask(0o077)
     try:
-        directory = create_directory(request.directory)
-        with RunRecord(request.target.pid, request.target.start_ticks, directory) as record:
-            return _capture(request, directory, stop or threading.Event(), on_tick, record)
+        where = request.directory.absolute()
+        with target_lock(target.pid, target.start_ticks, where, request.force) as overlaps:
+            fd = create_directory(request.directory)
+            try:
+                with RunRecord(target.pid, target.start_ticks, where, fd) as record:
+                    state: dict = {"overlaps": overlaps}
+                    try:
+                        return _capture(
+                            request,
+                            held_directory(fd),
+                            stop or threading.Event(),
+                            on_tick,
+                            record,
+                            state,
+                        )
+                    except BaseException as exc:
+                        record.keep = not _abort(held_directory(fd), state, exc, request.clock)
+                        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+                            raise OutputError(
+                                f"cannot write {request.directory}: {exc.strerror}; the capture "
+                                "was aborted"
+                            ) from exc
+                        if isinstance(exc, OutputError):
+                            # Its message names the file; the bundle is said here.
+                            raise OutputError(
+                                f"{exc.format_message()} (bundle {request.directory})"
+                            ) from exc
+                        raise
+            finally:
+                os.close(fd)
     finally:
         os.umask(old_umask)
+
+
+def _abort(directory: Path, state: dict, exc: BaseException, clock: Clock) -> bool:
+    """Stop what still runs, remove perf.data and mark the bundle aborted; False when the mark
+    could not be written (the run record then stays for the next run to mark it)."""
+    if isinstance(exc, KeyboardInterrupt):
+        reason = "interrupted"
+    elif isinstance(exc, ProfkitError):
+        reason = exc.format_message()
+    elif isinstance(exc, OSError) and exc.errno in DISK_FULL:
+        reason = f"a write failed: {exc.strerror}"
+    else:
+        reason = f"internal error: {type(exc).__name__}: {exc}"[:300]
+    results: dict[str, CollectorResult] = state.get("results", {})
+    with teardown_shielded():
+        with contextlib.suppress(Exception):
+            _stop_collectors(state.get("running", {}), results, clock)
+        # It holds every process's samples; it never outlives a capture that did not finish.
+        with contextlib.suppress(OSError):
+            (directory / "perf.data").unlink()
+        manifest = state.get("manifest")
+        if manifest is None:
+            return True
+        manifest["status"] = "aborted"
+        manifest["status_reason"] = reason
+        manifest["collectors"] = {
+            n: collector_record(results[n]) for n in ALL_COLLECTORS if n in results
+        }
+        try:
+            write_manifest(directory, manifest)
+        except OutputError:
+            # On a full disk there may be no room for a second copy: rewrite it in place,
+            # compact, into the blocks the old one frees.
+            try:
+                fd = os.open(directory / MANIFEST, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+                with os.fdopen(fd, "w") as handle:
+                    handle.write(json.dumps(manifest, separators=(",", ":")))
+            except OSError:
+                return False
+    return True
 
 
 def _quota(target: Target) -> dict[str, object] | None:
@@ -164,12 +283,19 @@ def _quota(target: Target) -> dict[str, object] | None:
 
 
 def _start_collectors(
-    request: CaptureRequest, context: CaptureContext, results: dict[str, CollectorResult]
+    request: CaptureRequest,
+    context: CaptureContext,
+    results: dict[str, CollectorResult],
+    running: dict[str, Collector],
 ) -> dict[str, Collector]:
-    running: dict[str, Collector] = {}
     for name in ALL_COLLECTORS:
         if name not in request.collectors:
-            results[name] = CollectorResult(name, "skipped", "not requested (--collectors)")
+            results[name] = CollectorResult(
+                name, "skipped", "not in this capture's set (--collectors adds it)"
+            )
+            continue
+        if name in request.unavailable:
+            results[name] = CollectorResult(name, "unavailable", request.unavailable[name])
             continue
         collector = REGISTRY[name]()
         availability = collector.available(request.target)
@@ -191,6 +317,7 @@ def _capture(
     stop: threading.Event,
     on_tick: Callable[[float, dict[str, Collector]], None] | None,
     record: RunRecord,
+    state: dict,
 ) -> dict:
     target = request.target
     names = {tid: procfs.read_stat(target.pid, tid).comm for tid in procfs.list_tids(target.pid)}
@@ -209,7 +336,10 @@ def _capture(
             **request.options,
         },
     )
+    if state["overlaps"]:
+        manifest["overlapped_with"] = state["overlaps"]
     write_manifest(directory, manifest)
+    state["manifest"] = manifest
     context = CaptureContext(
         target,
         directory,
@@ -219,9 +349,10 @@ def _capture(
         request.options,
         record.add_child,
     )
-    results: dict[str, CollectorResult] = {}
+    results: dict[str, CollectorResult] = state.setdefault("results", {})
+    running: dict[str, Collector] = state.setdefault("running", {})
     tools_cpu_before = tools_cpu_seconds(record)
-    running = _start_collectors(request, context, results)
+    _start_collectors(request, context, results, running)
     if not running:
         raise CaptureFailed(
             "no collector could start: " + "; ".join(f"{n}: {r.reason}" for n, r in results.items())
@@ -245,7 +376,7 @@ def _capture(
             stop.wait(min(0.5, max(0.0, (deadline - request.clock()) / NS_PER_S)))
             gone = target_state(target)
             if gone:
-                status, reason = gone, f"the {gone.removeprefix('target ')} during the capture"
+                status, reason = gone, f"the {gone} during the capture"
                 break
             now = request.clock()
             if now >= next_check:
@@ -299,6 +430,9 @@ def _capture(
             "dropped_for_size": degraded,
         }
     )
+    overlaps = [*state["overlaps"], *record.overlaps()]
+    if overlaps:
+        manifest["overlapped_with"] = overlaps
     write_manifest(directory, manifest)
     return manifest
 
@@ -309,13 +443,16 @@ def _stop_collectors(
     """Stop every running collector (samplers first, then the tools in parallel); how long
     each took."""
     seconds: dict[str, float] = {}
+    full: list[OSError] = []
 
     def stop_one(name: str) -> None:
         began = clock()
         try:
-            results[name] = running[name].stop()
+            results[name] = running.pop(name).stop()
         except Exception as exc:  # one broken collector must not keep the others running
             results[name] = CollectorResult(name, "failed", f"stop failed: {exc}"[:300])
+            if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+                full.append(exc)
         seconds[name] = round((clock() - began) / NS_PER_S, 3)
 
     for name in SAMPLERS:
@@ -330,6 +467,8 @@ def _stop_collectors(
         thread.start()
     for thread in tools:
         thread.join()
+    if full:
+        raise full[0]
     return seconds
 
 

@@ -18,7 +18,8 @@ EXIT_BAD_BUNDLE = 8
 EXIT_CAPTURE = 9
 EXIT_CGROUP = 10
 EXIT_OUTPUT = 11
-EXIT_LISTEN = 12
+EXIT_BUSY = 12
+EXIT_LISTEN = 13
 EXIT_INTERRUPTED = 130
 
 
@@ -71,6 +72,12 @@ class CgroupError(ProfkitError):
 
 class OutputError(ProfkitError):
     exit_code = EXIT_OUTPUT
+
+
+class TargetBusy(ProfkitError):
+    """Another profkit is capturing the same process (pid and start time)."""
+
+    exit_code = EXIT_BUSY
 
 
 class ListenError(ProfkitError):

@@ -25,9 +25,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import sh
-
-from .returns import DIRECT_JUMP, disassemble, extent_of, function_extents, symbol_address
+from .returns import (
+    DIRECT_JUMP,
+    TOOL_ERRORS,
+    disassemble,
+    extent_of,
+    function_extents,
+    symbol_address,
+)
 
 DIRECT_CALL = re.compile(r"^(?:bnd\s+)?call[q]?\s+([0-9a-f]+)\b")
 REGISTER_PUSH = re.compile(r"^push[q]?\s+%r\w+$")
@@ -73,7 +78,7 @@ def entry_point(path: str, symbol: str) -> ProbePoint | None:
     try:
         address = symbol_address(path, symbol)
         found = None if address is None else _code(path, address)
-    except (sh.ErrorReturnCode, sh.CommandNotFound, OSError):
+    except TOOL_ERRORS:
         return None
     if address is None or found is None:
         return None
@@ -91,7 +96,7 @@ def gomp_region_end(path: str) -> ProbePoint | None:
     """The branch right after libgomp's final team barrier, or None when the code differs."""
     try:
         return _gomp_region_end(path)
-    except (sh.ErrorReturnCode, sh.CommandNotFound, OSError):
+    except TOOL_ERRORS:
         return None
 
 

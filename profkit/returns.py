@@ -15,9 +15,10 @@ to a uretprobe rather than miss a return.
 
 from __future__ import annotations
 
+import os
 import re
-
-import sh
+import subprocess
+from functools import lru_cache
 
 FDE_RANGE = re.compile(r"pc=([0-9a-f]+)\.\.([0-9a-f]+)")
 INSTRUCTION = re.compile(r"^\s*([0-9a-f]+):\s+(.*)$")
@@ -25,18 +26,50 @@ DIRECT_JUMP = re.compile(r"^(?:bnd\s+)?j[a-z]+\s+([0-9a-f]+)\b")
 MAX_FUNCTIONS = 8
 
 
+# What a failed or missing binutils tool raises here.
+TOOL_ERRORS = (subprocess.CalledProcessError, OSError)
+
+
+def _output(*args: str) -> str:
+    return subprocess.run(args, capture_output=True, text=True, check=True, errors="replace").stdout
+
+
+def _identity(path: str) -> tuple[str, int, int]:
+    """A file's identity for the caches below: a replaced library is read again."""
+    st = os.stat(path)
+    return path, st.st_size, st.st_mtime_ns
+
+
+# A library's tables are read once per process: several entry points of one runtime, and the
+# probe points beside them, all look in the same tables (an OpenBLAS build's frame table is
+# megabytes of text).
+@lru_cache(maxsize=16)
+def _extents(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, int], ...]:
+    text = _output("readelf", "--debug-dump=frames", path)
+    return tuple(sorted((int(a, 16), int(b, 16)) for a, b in FDE_RANGE.findall(text)))
+
+
+@lru_cache(maxsize=16)
+def _functions(path: str, size: int, mtime_ns: int) -> dict[str, int]:
+    """Every function symbol (dynamic and, where present, static) by name."""
+    functions: dict[str, int] = {}
+    for line in _output("readelf", "-Ws", "--dyn-syms", path).splitlines():
+        fields = line.split()
+        if len(fields) >= 8 and fields[3] == "FUNC":
+            functions.setdefault(fields[7].split("@")[0], int(fields[1], 16))
+    return functions
+
+
 def function_extents(path: str) -> list[tuple[int, int]]:
-    text = str(sh.Command("readelf")("--debug-dump=frames", path, _err="/dev/null"))
-    return sorted((int(a, 16), int(b, 16)) for a, b in FDE_RANGE.findall(text))
+    return list(_extents(*_identity(path)))
+
+
+def function_symbols(path: str) -> dict[str, int]:
+    return _functions(*_identity(path))
 
 
 def symbol_address(path: str, symbol: str) -> int | None:
-    text = str(sh.Command("readelf")("-Ws", "--dyn-syms", path, _err="/dev/null"))
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) >= 8 and fields[3] == "FUNC" and fields[7].split("@")[0] == symbol:
-            return int(fields[1], 16)
-    return None
+    return function_symbols(path).get(symbol)
 
 
 def extent_of(address: int, extents: list[tuple[int, int]]) -> tuple[int, int] | None:
@@ -47,15 +80,13 @@ def extent_of(address: int, extents: list[tuple[int, int]]) -> tuple[int, int] |
 
 
 def disassemble(path: str, start: int, end: int) -> list[tuple[int, str]]:
-    text = str(
-        sh.Command("objdump")(
-            "-d",
-            "--no-show-raw-insn",
-            f"--start-address={start:#x}",
-            f"--stop-address={end:#x}",
-            path,
-            _err="/dev/null",
-        )
+    text = _output(
+        "objdump",
+        "-d",
+        "--no-show-raw-insn",
+        f"--start-address={start:#x}",
+        f"--stop-address={end:#x}",
+        path,
     )
     found = []
     for line in text.splitlines():
@@ -70,7 +101,7 @@ def return_sites(path: str, symbol: str) -> list[int] | None:
     try:
         entry = symbol_address(path, symbol)
         extents = function_extents(path)
-    except (sh.ErrorReturnCode, sh.CommandNotFound, OSError):
+    except TOOL_ERRORS:
         return None
     if entry is None:
         return None
@@ -86,7 +117,7 @@ def return_sites(path: str, symbol: str) -> list[int] | None:
             return None
         try:
             code = disassemble(path, *extent)
-        except (sh.ErrorReturnCode, sh.CommandNotFound, OSError):
+        except TOOL_ERRORS:
             return None
         for address, instruction in code:
             mnemonic = instruction.split()[0] if instruction else ""

@@ -26,6 +26,7 @@ THREAD_ENV_VARS = (
 RUNTIME_PATTERNS = (
     ("libgomp", re.compile(r"/libgomp[^/]*\.so")),
     ("libiomp5", re.compile(r"/libiomp5[^/]*\.so")),
+    ("libomp", re.compile(r"/libomp[^/]*\.so")),
     ("openblas", re.compile(r"/lib[a-z_]*openblas[^/]*\.so")),
     ("mkl", re.compile(r"/libmkl_(rt|core|intel_thread|gnu_thread)[^/]*\.so")),
     ("tbb", re.compile(r"/libtbb[^/]*\.so")),
@@ -68,7 +69,7 @@ class Target:
 
     @property
     def openmp_runtime(self) -> Runtime | None:
-        return self.runtime("libgomp") or self.runtime("libiomp5")
+        return self.runtime("libgomp") or self.runtime("libiomp5") or self.runtime("libomp")
 
 
 def _read_or_raise(pid: int, reader, what: str):  # type: ignore[no-untyped-def]
@@ -79,10 +80,17 @@ def _read_or_raise(pid: int, reader, what: str):  # type: ignore[no-untyped-def]
     except ProcessLookupError as exc:
         raise NoSuchProcess(f"no process with pid {pid}") from exc
     except PermissionError as exc:
-        raise PermissionDenied(
-            f"cannot read {what} of pid {pid}: permission denied "
-            "(run as root or as the target's user)"
-        ) from exc
+        raise PermissionDenied(f"cannot read {what} of pid {pid}: {_denied()}") from exc
+
+
+def _denied() -> str:
+    """Why access was refused: 'run as root' is advice only to those who are not."""
+    if os.geteuid() == 0:
+        return (
+            "permission denied even to root (the process is outside this container's "
+            "namespaces, or profkit lacks CAP_SYS_PTRACE)"
+        )
+    return "permission denied (run as root or as the target's user)"
 
 
 def inspect(pid: int, *, require_python: bool = True) -> Target:
@@ -96,9 +104,7 @@ def inspect(pid: int, *, require_python: bool = True) -> Target:
     except FileNotFoundError as exc:
         raise NoSuchProcess(f"no process with pid {pid}") from exc
     except PermissionError as exc:
-        raise PermissionDenied(
-            f"cannot inspect pid {pid}: permission denied (run as root or as the target's user)"
-        ) from exc
+        raise PermissionDenied(f"cannot inspect pid {pid}: {_denied()}") from exc
     except OSError:
         exe = ""  # kernel threads have no executable
     files = _read_or_raise(pid, procfs.mapped_files, "memory maps")

@@ -8,33 +8,40 @@ names call sites must find them in that ratio.
 --pool gomp: the region is a bare GOMP_parallel(free, NULL, threads) through ctypes on torch's
 libgomp (or the system's), with no import but the standard library, so that the recipe runs
 under any CPython.
+--pool gomp2: as gomp, but `site_three` dispatches through a second copy of libgomp (a copy of
+the file under another name, as a package that bundles its own runtime brings one), so the
+process maps two copies and both run regions.
+--pool blas: the region is a 400x400 matrix product on numpy's bundled OpenBLAS pool.
 --thread: the rounds run on a second Python thread, not the main one.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import ctypes.util
 import functools
 import glob
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 
 
 def site_one(dispatch):
-    dispatch()  # site one
+    dispatch[0]()  # site one
 
 
 def site_two(dispatch):
-    dispatch()  # site two
+    dispatch[0]()  # site two
 
 
 def site_three(dispatch):
-    dispatch()  # site three
+    dispatch[-1]()  # site three
 
 
 def helper_inner(dispatch):
@@ -62,17 +69,7 @@ def gomp_library():
     return ctypes.util.find_library("gomp")
 
 
-def make_dispatch(pool, threads, megabytes):
-    if pool == "torch":
-        import torch
-
-        torch.set_num_threads(threads)
-        source = torch.randint(0, 255, (int(megabytes * 1024 * 1024),), dtype=torch.uint8)
-        destination = torch.empty_like(source)
-        return functools.partial(destination.copy_, source)
-    path = gomp_library()
-    if not path:
-        raise SystemExit("no libgomp found")
+def gomp_dispatch(path, threads):
     gomp = ctypes.CDLL(path)
     libc = ctypes.CDLL(None)
     # free(NULL) on every team thread: a real region whose body does nothing.
@@ -80,6 +77,38 @@ def make_dispatch(pool, threads, megabytes):
     gomp.GOMP_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     gomp.GOMP_parallel.restype = None
     return functools.partial(gomp.GOMP_parallel, body, None, threads, 0)
+
+
+def second_copy(path):
+    """The same library under another file name in a fresh directory, removed at exit."""
+    directory = tempfile.mkdtemp(prefix="sites-")
+    copy = os.path.join(directory, "libgomp-copy.so.1")
+    shutil.copyfile(path, copy)
+    atexit.register(shutil.rmtree, directory, True)
+    return copy
+
+
+def make_dispatch(pool, threads, megabytes):
+    """The callables the sites run: one, or two where site_three uses a second runtime copy."""
+    if pool == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+        source = torch.randint(0, 255, (int(megabytes * 1024 * 1024),), dtype=torch.uint8)
+        destination = torch.empty_like(source)
+        return [functools.partial(destination.copy_, source)]
+    if pool == "blas":
+        import numpy
+
+        left, right = numpy.random.rand(400, 400), numpy.random.rand(400, 400)
+        return [functools.partial(numpy.matmul, left, right)]
+    path = gomp_library()
+    if not path:
+        raise SystemExit("no libgomp found")
+    dispatch = [gomp_dispatch(path, threads)]
+    if pool == "gomp2":
+        dispatch.append(gomp_dispatch(second_copy(path), threads))
+    return dispatch
 
 
 def run(dispatch, stop, rounds_per_s, counter):
@@ -93,7 +122,7 @@ def run(dispatch, stop, rounds_per_s, counter):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pool", choices=["torch", "gomp"], default="torch")
+    parser.add_argument("--pool", choices=["torch", "gomp", "gomp2", "blas"], default="torch")
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--mb", type=float, default=16.0, help="copy size (--pool torch)")
     parser.add_argument("--rounds-per-s", type=float, default=0.0, help="0: as fast as it can")
@@ -112,7 +141,7 @@ def main(argv=None):
         )
         worker.start()
         while worker.is_alive():
-            worker.join(0.2)
+            worker.join(0.2)  # main waits
     else:
         run(dispatch, stop, args.rounds_per_s, counter)
     print(f"rounds={counter[0]}", flush=True)

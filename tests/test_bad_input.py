@@ -138,6 +138,14 @@ CASES = {
     "non-python process": (["attach", "--pid", "{sleeper}", "--duration", "1"], EXIT_NOT_PYTHON),
     "garbage option": (["attach", "--pid", "{python}", "--frobnicate"], EXIT_USAGE),
     "rate out of range": (["attach", "--pid", "{python}", "--rate", "0"], EXIT_USAGE),
+    "duration nan": (["attach", "--pid", "{python}", "--duration", "nan"], EXIT_USAGE),
+    "duration inf": (["attach", "--pid", "{python}", "--duration", "inf"], EXIT_USAGE),
+    "budget nan": (["attach", "--pid", "{python}", "--budget", "nan"], EXIT_USAGE),
+    "cpu budget inf": (["attach", "--pid", "{python}", "--cpu-budget", "inf"], EXIT_USAGE),
+    "max size nan": (["attach", "--pid", "{python}", "--max-size", "nan"], EXIT_USAGE),
+    "perf rate zero": (["attach", "--pid", "{python}", "--perf-rate", "0"], EXIT_USAGE),
+    "empty collectors": (["attach", "--pid", "{python}", "--collectors", ""], EXIT_USAGE),
+    "blank collectors": (["attach", "--pid", "{python}", "--collectors", " , "], EXIT_USAGE),
 }
 
 
@@ -159,7 +167,9 @@ def test_bad_input_case(case: str, tmp_path: Path, python_target, sleeper) -> No
 def test_pid_1(tmp_path: Path) -> None:
     result = profkit_in(tmp_path, "attach", "--pid", "1", "--duration", "1")
     assert result.returncode in (EXIT_NOT_PYTHON, EXIT_PERMISSION), result.stderr
-    one_line(result)
+    line = one_line(result)
+    if os.geteuid() == 0:
+        assert "run as root" not in line, "advice to become what profkit already is"
     assert list(tmp_path.iterdir()) == []
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,6 +71,29 @@ def test_all_six_collectors_have_data(fanout_capture) -> None:  # type: ignore[n
         assert result["samples"] > 0, name
     assert oct(out.stat().st_mode & 0o777) == "0o700"
     assert oct((out / "manifest.json").stat().st_mode & 0o777) == "0o600"
+
+
+def documented_seconds(pattern: str) -> tuple[float, float]:
+    """A measured range as docs/safety.md states it, so that the page and the code agree."""
+    found = re.search(pattern, " ".join((ROOT / "docs" / "safety.md").read_text().split()))
+    assert found, f"docs/safety.md no longer states {pattern!r}"
+    return float(found[1]), float(found[2])
+
+
+def test_startup_and_teardown_stay_within_what_the_docs_say(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+    """The documented ranges come from a few captures on a shared machine: one well past the
+    top of a range (half as much again) means the page needs measuring anew."""
+    out, _ = fanout_capture
+    manifest = json.loads((out / "manifest.json").read_text())
+    _, startup = documented_seconds(r"py-spy's symbols: ([\d.]+)-([\d.]+) s of CPU")
+    assert manifest["startup"]["tools_cpu_s"] <= 1.5 * startup, manifest["startup"]
+    _, perf = documented_seconds(r"perf record, the slowest, ([\d.]+)-([\d.]+) s")
+    _, ebpf = documented_seconds(r"and eBPF ([\d.]+)-([\d.]+) s, measured")
+    teardown = manifest["teardown_s"]
+    # py-spy's own stop waits for its next sample, documented apart from these.
+    slowest = max(t for name, t in teardown.items() if name != "pyspy")
+    assert slowest <= 1.5 * perf, teardown
+    assert teardown["ebpf"] <= 1.5 * ebpf, teardown
 
 
 def test_window_cpu_is_split_by_tool(fanout_capture) -> None:  # type: ignore[no-untyped-def]

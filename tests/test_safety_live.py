@@ -40,7 +40,8 @@ def uprobes() -> str:
 
 
 def leftovers(bundle: Path) -> list[str]:
-    """Processes whose command line names this bundle: tools profkit started for it."""
+    """Processes whose command line names this bundle, or that run in it: tools profkit started
+    for it (their output paths name profkit's descriptor on the bundle, their cwd the bundle)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -48,9 +49,10 @@ def leftovers(bundle: Path) -> list[str]:
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             state = procfs.read_stat(int(entry)).state
+            cwd = os.readlink(f"/proc/{entry}/cwd")
         except (OSError, ValueError):
             continue
-        if str(bundle) in cmdline and state != "Z":
+        if (str(bundle) in cmdline or cwd == str(bundle)) and state != "Z":
             found.append(f"{entry}: {cmdline[:120]}")
     return found
 

@@ -152,9 +152,11 @@ def _resolve_op(
         if kernel in KERNEL_OPS:
             return KERNEL_OPS[kernel], f"worker kernel {kernel}"
     if code:
-        match = METHOD_CALL.search(code)
-        if match:
-            return f"aten::{match.group(1)}", "source line"
+        # In a chain such as torch.frombuffer(buf).copy_(src) the last call is the one that
+        # runs on the tensor the others built.
+        calls = METHOD_CALL.findall(code)
+        if calls:
+            return f"aten::{calls[-1]}", "source line"
     return None, "unknown"
 
 

@@ -108,8 +108,8 @@ def fanout(
     severity = "high" if share >= 0.5 else "medium"
     summary = (
         f"{len(pool.workers)} {pool.name} workers burned {recon.pool_workers:.2f} of the "
-        f"process's {recon.process_cores:.2f} cores, which py-spy does not see"
-        f" (it sampled {recon.python_sampled_cores:.2f}){where}"
+        f"process's {recon.process_cores:.2f} cores, which a Python sampler such as py-spy does"
+        f" not see (Python samples explain {recon.python_sampled_cores:.2f}){where}"
     )
     return Finding("cpu-fanout", severity, summary, evidence, fix)
 
@@ -164,8 +164,9 @@ def blind_spot(recon: Reconciliation) -> Finding | None:
     return Finding(
         "python-blind-spot",
         "low",
-        f"py-spy's samples explain {recon.python_sampled_cores:.2f} of "
-        f"{recon.process_cores:.2f} cores; {missing:.2f} cores run in threads it cannot see",
+        f"Python samples explain {recon.python_sampled_cores:.2f} of "
+        f"{recon.process_cores:.2f} cores; {missing:.2f} cores run in threads a Python sampler "
+        "cannot see",
         {
             "python_sampled_cores": round(recon.python_sampled_cores, 3),
             "process_cores": round(recon.process_cores, 3),

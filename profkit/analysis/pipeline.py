@@ -38,6 +38,12 @@ class Report:
 
 
 def analyse(bundle: Bundle) -> Report:
+    status = bundle.manifest.get("status")
+    if status in ("aborted", "capturing") and (bundle.proc is None or not any(bundle.window)):
+        why = bundle.manifest.get("status_reason") or (
+            "profkit is still capturing it, or was killed; the next capture marks it aborted"
+        )
+        raise BadBundle(f"{bundle.directory} is {status}: {why}; it has no window to analyse")
     if bundle.proc is None:
         raise BadBundle(f"{bundle.directory} has no /proc samples, the CPU ground truth")
     window = bundle.window
@@ -61,9 +67,10 @@ def analyse(bundle: Bundle) -> Report:
         workers = set(pool.workers)
         activity = pool_activity(bundle.perf, workers, window) if bundle.perf else None
         kernels = [name for name, _ in activity.top_work] if activity else []
+        pool_sched = bundle.sched.for_pool(pool.name) if bundle.sched is not None else None
         attribution = attribute(
             bundle.pyspy,
-            bundle.sched,
+            pool_sched,
             set(pool.dispatchers),
             workers,
             cpu.cores_of(workers),
@@ -71,13 +78,9 @@ def analyse(bundle: Bundle) -> Report:
             kernels,
         )
         regions = 0
-        if bundle.sched is not None and pool.name == "openmp":
-            regions = int(
-                (
-                    (bundle.sched.region_start >= window[0])
-                    & (bundle.sched.region_start <= window[1])
-                ).sum()
-            )
+        if pool_sched is not None:
+            starts = pool_sched.region_start
+            regions = int(((starts >= window[0]) & (starts <= window[1])).sum())
         pool_reports.append(PoolReport(pool, cpu.cores_of(workers), regions, activity, attribution))
         for finding in (
             fanout(_pool_recon(recon, pool, cpu), pool, activity, attribution, budget),

@@ -79,6 +79,10 @@ def reconcile(
             _, times, stacks, seconds = expand_weighted(spans, {share.tid})
             keep = (times >= window[0]) & (times <= window[1])
             coverage = min(1.0, float(seconds[keep].sum()) / cpu.seconds)
+            if spans.source == "ebpf":
+                # The walker samples every Python thread on CPU for the whole window: its
+                # samples add up to the thread's CPU, not to the time it was watched.
+                coverage = 1.0 if keep.any() else 0.0
             mine = spans.tid == share.tid
             native = np.repeat(spans.span_native[mine], span_sample_counts(spans, mine))[keep]
             stacks = stacks[keep][native == 1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,7 @@ class PySpySpans:
     sources: dict[str, str]
     span_rate_hz: np.ndarray  # each span's own rate (py-spy may be restarted at a lower one)
     span_native: np.ndarray  # 1: sampled with --native (native frames present), 0: --nonblocking
+    source: str = "py-spy"  # or "ebpf": the walker's on-CPU samples, one span per sample
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,29 @@ class SchedData:
     python_stacks: tuple[PyStack, ...] = ()
     walker: str = "off"  # "on" when the eBPF stack walker ran
     walker_reason: str = ""
+    # The pool ("openmp", "openblas") of the runtime copy that started each region.
+    region_pool: np.ndarray | None = None
+    runtimes: tuple[dict, ...] = ()  # every runtime copy probed, by index
+    # Python threads' time off CPU by the stack they left with: (tid, stack index, seconds).
+    python_offcpu: tuple[tuple[int, int, float], ...] = ()
+
+    def for_pool(self, pool: str) -> SchedData:
+        """The same data with only the regions of this pool's runtimes."""
+        if self.region_pool is None:
+            if pool == "openmp":
+                return self
+            keep = np.zeros(len(self.region_start), dtype=bool)
+        else:
+            keep = self.region_pool == pool
+        return replace(
+            self,
+            region_tid=self.region_tid[keep],
+            region_start=self.region_start[keep],
+            region_end=self.region_end[keep],
+            region_requested=self.region_requested[keep],
+            region_stack=self.stacks_of_regions()[keep],
+            region_pool=None if self.region_pool is None else self.region_pool[keep],
+        )
 
     def stacks_of_regions(self) -> np.ndarray:
         if self.region_stack is None or len(self.region_stack) != len(self.region_start):
@@ -214,6 +238,54 @@ def _pyspy(directory: Path, manifest: dict) -> PySpySpans | None:
         raise BadBundle(f"pyspy.json lacks {exc}") from exc
 
 
+def python_samples_from_ebpf(directory: Path, manifest: dict) -> PySpySpans | None:
+    """The eBPF walker's on-CPU samples of the Python threads, in py-spy's shape: one span per
+    sample, Python frames only (no native frames, as py-spy --nonblocking)."""
+    data = load_part(directory, "ebpf.json")
+    python = (data or {}).get("python") or {}
+    samples = python.get("samples")
+    if not samples or not samples.get("t_ns"):
+        return None
+    thread_names = {
+        int(t["tid"]): str(t["name"]) for t in manifest.get("target", {}).get("threads", [])
+    }
+    try:
+        frames: dict[tuple[str, str, int], int] = {}
+        sources: dict[str, str] = {}
+        stacks: list[tuple[int, ...]] = []
+        for stack in python["stacks"]:
+            ids = []
+            for f in stack["frames"]:
+                key = (str(f["function"]), str(f["file"]), int(f["line"]))
+                ids.append(frames.setdefault(key, len(frames)))
+                if f.get("code"):
+                    sources[f"{f['file']}:{f['line']}"] = str(f["code"])
+            stacks.append(tuple(ids))
+        # A sample whose walk found no Python frame keeps an empty stack.
+        empty = len(stacks)
+        stacks.append(())
+        stack = np.asarray(samples["stack"], dtype=I64)
+        stack = np.where(stack >= 0, stack, empty)
+        t_ns = _array(samples["t_ns"], "t_ns", "ebpf.json")
+        rate = int(samples.get("rate_hz", 49))
+        return PySpySpans(
+            frames=tuple(Frame(*key) for key in frames),
+            stacks=tuple(stacks),
+            names={int(t): thread_names.get(int(t), "python") for t in python.get("threads", [])},
+            tid=_array(samples["tid"], "tid", "ebpf.json"),
+            start_ns=t_ns,
+            end_ns=t_ns,
+            stack=stack,
+            rate_hz=rate,
+            sources=sources,
+            span_rate_hz=np.full(len(t_ns), rate, dtype=I64),
+            span_native=np.zeros(len(t_ns), dtype=I64),
+            source="ebpf",
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadBundle(f"ebpf.json's Python samples lack {exc}") from exc
+
+
 def _perf(directory: Path, manifest: dict) -> PerfSamples | None:
     data = load_part(directory, "perf.json")
     if data is None:
@@ -260,9 +332,25 @@ def _sched(directory: Path) -> SchedData | None:
                 _array(regions["stack"], "stack", "ebpf.json") if "stack" in regions else None
             ),
             **_python_stacks(data.get("python") or {}),
+            **_region_pools(data, len(regions["tid"])),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise BadBundle(f"ebpf.json lacks {exc}") from exc
+
+
+def _region_pools(data: dict, count: int) -> dict[str, object]:
+    """Bundles from before several runtime copies were probed have one OpenMP runtime."""
+    runtimes = tuple(data.get("runtimes") or ())
+    column = data["regions"].get("runtime")
+    if column is None or len(column) != count:
+        return {"runtimes": runtimes}
+    pools = [str(r.get("pool", "openmp")) for r in runtimes]
+    return {
+        "runtimes": runtimes,
+        "region_pool": np.array(
+            [pools[i] if 0 <= i < len(pools) else "openmp" for i in column], dtype=object
+        ),
+    }
 
 
 def _python_stacks(python: dict) -> dict[str, object]:
@@ -278,8 +366,16 @@ def _python_stacks(python: dict) -> dict[str, object]:
         )
         for stack in python.get("stacks", [])
     )
+    offcpu = python.get("offcpu") or {}
     return {
         "python_stacks": stacks,
+        "python_offcpu": tuple(
+            (int(t), int(i), int(ns) / 1e9)
+            for t, i, ns in zip(
+                offcpu.get("tid", []), offcpu.get("stack", []), offcpu.get("ns", []), strict=True
+            )
+            if 0 <= int(i) < len(stacks)
+        ),
         "walker": str(python.get("walker", "off")),
         "walker_reason": str(python.get("reason", "")),
     }
@@ -314,7 +410,7 @@ def load_bundle(directory: Path | str) -> Bundle:
         directory,
         manifest,
         _proc(directory),
-        _pyspy(directory, manifest),
+        _pyspy(directory, manifest) or python_samples_from_ebpf(directory, manifest),
         _perf(directory, manifest),
         _sched(directory),
         _cgroup(directory),

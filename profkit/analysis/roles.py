@@ -135,8 +135,9 @@ def classify(
             )
         )
         found = tuple(t for t, _ in dispatchers.get(pool_name, Counter()).most_common())
-        if not found and bundle.sched is not None and len(bundle.sched.region_tid):
-            found = tuple(int(t) for t in np.unique(bundle.sched.region_tid))
+        pool_regions = bundle.sched.for_pool(pool_name) if bundle.sched is not None else None
+        if not found and pool_regions is not None and len(pool_regions.region_tid):
+            found = tuple(int(t) for t in np.unique(pool_regions.region_tid))
         if not found and pid in python_tids:
             found = (pid,)  # the main thread, unless the scheduler data says otherwise
         pools.append(Pool(pool_name, runtime, tuple(sorted(workers)), found))

@@ -1,12 +1,15 @@
 """Weighted stacks for flame graphs and exports, in CPU seconds, for four views.
 
-merged   the process as one tree whose root is the process's CPU: each Python thread's py-spy
-         stacks scaled to its /proc CPU; each pool's CPU grafted, per dispatching site, under
-         that site's Python stack as "[openmp pool xN]" with the workers' perf stacks beneath;
-         other threads by name.
+merged   the process as one tree whose root is the process's CPU: each Python thread's sampled
+         stacks (the eBPF walker's or py-spy's) scaled to its /proc CPU; each pool's CPU grafted,
+         per dispatching site, under the Python stack that dispatched the site's regions (read
+         at each region by the eBPF walker, else the most sampled one) as "[openmp pool xN]"
+         with the workers' perf stacks beneath; other threads by name.
 python   what py-spy alone shows (every sample, idle included, as py-spy --idle draws it).
 workers  the pools' own perf stacks.
-offcpu   waiting time: Python threads' idle samples and the workers' off-CPU time.
+offcpu   waiting time: Python threads' idle samples (py-spy), or their time off CPU by the
+         stack they left with (the eBPF walker, when the scheduler is traced), and the workers'
+         off-CPU time.
 """
 
 from __future__ import annotations
@@ -179,7 +182,13 @@ def _merged(
         head = Node(f"[{pool.pool.name} pool x{pool.pool.team_size}]", SYNTHETIC)
         sites = pool.attribution.sites
         grafts = [
-            (s.share, _site_stack(bundle.pyspy, s.site.file, s.site.line, window)) for s in sites
+            (
+                s.share,
+                # The stack method carries the site's real Python stack from the region probes.
+                tuple(_py_node(Frame(f.function, f.file, f.line)) for f in s.stack)
+                or _site_stack(bundle.pyspy, s.site.file, s.site.line, window),
+            )
+            for s in sites
         ] or [(1.0, (Node("[dispatch site unknown]", SYNTHETIC),))]
         pool_tree: dict[Stack, float] = {}
         for share, site_stack in grafts:
@@ -234,12 +243,22 @@ def _offcpu(
     per_thread: dict[str, dict[Stack, float]],
 ) -> None:
     bundle = report.bundle
-    if bundle.pyspy is not None:
+    if bundle.pyspy is not None and bundle.pyspy.source == "py-spy":
         for tid, name in bundle.pyspy.names.items():
             counts = py_thread_stacks(bundle.pyspy, tid, window, idle=True)
             thread = dict(counts)
             per_thread[f"{name or 'thread'} ({tid})"] = thread
             _add(weights, thread, (Node(f"{name or 'thread'} ({tid})", SYNTHETIC),))
+    elif bundle.sched is not None and bundle.sched.python_offcpu:
+        # The walker read each Python thread's stack as it left the CPU (scheduler traced).
+        names = bundle.pyspy.names if bundle.pyspy is not None else {}
+        for tid, index, seconds in bundle.sched.python_offcpu:
+            label = f"{names.get(tid) or 'thread'} ({tid})"
+            frames = bundle.sched.python_stacks[index].frames
+            stack = tuple(_py_node(Frame(f.function, f.file, f.line)) for f in frames)
+            thread = per_thread.setdefault(label, {})
+            thread[stack] = thread.get(stack, 0.0) + seconds
+            _add(weights, {stack: seconds}, (Node(label, SYNTHETIC),))
     if bundle.sched is not None:
         for pool in report.pools:
             waiting = {}

@@ -7,6 +7,7 @@ import json
 
 from ..cgroup import CgroupCpu, cpu_cgroup, read_cpu_stat, read_pressure
 from ..errors import CgroupError
+from ..safefile import write_new
 from ..target import Target
 from .base import Availability, CaptureContext, CollectorResult
 from .periodic import PeriodicSampler
@@ -94,7 +95,7 @@ class CgroupCollector:
             ],
             "samples": {name: [row[i] for row in self.rows] for i, name in enumerate(COLUMNS)},
         }
-        (self._context.directory / "cgroup.json").write_text(json.dumps(payload))
+        write_new(self._context.directory / "cgroup.json", json.dumps(payload))
         error = self._sampler.error
         return CollectorResult(
             self.name,

@@ -15,8 +15,14 @@ from pathlib import Path
 
 import sh
 
+from ..safefile import open_new
+
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _new_file(path: str, flags: int) -> int:
+    return open_new(path)
 
 
 def _die_with_parent() -> None:
@@ -37,8 +43,8 @@ class ChildTool:
         self.name = name
         self.stdout_path = directory / (stdout_name or f"{name}.stdout")
         self.stderr_path = directory / f"{name}.stderr"
-        self._stdout = open(self.stdout_path, "wb")  # noqa: SIM115 - closed in wait()
-        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115
+        self._stdout = open(self.stdout_path, "wb", opener=_new_file)  # noqa: SIM115 - closed in wait()
+        self._stderr = open(self.stderr_path, "wb", opener=_new_file)  # noqa: SIM115
         self.started_ns = time.monotonic_ns()
         # Arguments are passed as a list, never through a shell.
         self._running = sh.Command(binary)(
@@ -48,6 +54,9 @@ class ChildTool:
             _out=self._stdout,
             _err=self._stderr,
             _new_session=True,
+            # The bundle directory: /proc/PID/cwd then names it, for anyone looking for the
+            # tools a capture left (their output paths go through profkit's descriptor).
+            _cwd=str(directory),
             _preexec_fn=_die_with_parent,
             _ok_code=list(range(256)),
         )

@@ -12,6 +12,7 @@ import ctypes
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 
@@ -19,13 +20,19 @@ from .. import procfs
 from ..bccload import BccUnavailable, load_bcc
 from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
 from ..clock import Clock
-from ..probe_points import entry_point, gomp_region_end, hit_cost_s
-from ..returns import return_sites
+from ..safefile import write_new
 from ..target import Runtime, Target
 from .base import Availability, CaptureContext, CollectorResult
 from .pywalk import PythonWalker
+from .regions import RuntimeProbes, find_probes, handler_source, probeable
 
 NORMALISED_FILE = "ebpf.json"
+# What the Python stack walker adds to a region's entry trap, measured with
+# benchmarks/probe_cost.py (docs/results/2core-probe-cost-walker.txt).
+WALKER_HIT_S = 1.4e-6
+# The walker's on-CPU sampling rate, per CPU: a prime off the timer ticks (as perf's 49 and 99),
+# and cheap since every other process's sample returns at the first test.
+PYTHON_SAMPLE_HZ = 49
 
 
 def probe_source(name: str) -> str:
@@ -46,22 +53,31 @@ class SchedProgram:
 
 @dataclass(frozen=True)
 class OpenMPProgram:
-    runtime: Runtime
+    """The target's process program: the Python stack walker and its on-CPU sampler
+    (probes/pystack.bpf.c, active when compiled with the walker's flags) and the region probes
+    of every pool runtime copy it maps (probes/openmp.bpf.c, one entry handler per copy),
+    compiled as one."""
 
-    @property
-    def entry(self) -> tuple[str, str]:
-        """(symbol, handler) of the runtime's fork entry point."""
-        if self.runtime.name == "libiomp5":
-            return "__kmpc_fork_call", "on_kmpc_fork_call"
-        return "GOMP_parallel", "on_gomp_parallel"
-
-    region_capacity: int = 1 << 18  # 6 MiB of kernel memory: 2.5 min at 1 700 regions/s
+    runtimes: tuple[Runtime, ...] = ()
+    tgid: int = 0
+    region_capacity: int = 1 << 18  # 10 MiB of kernel memory: 2.5 min at 1 700 regions/s
+    sample_capacity: int = 1 << 17  # 3 MiB: 22 min of two CPUs sampled at PYTHON_SAMPLE_HZ
+    # The scheduler tracepoints (probes/sched.bpf.c) in the same program, when traced: with the
+    # walker they read each Python thread's stack as it leaves the CPU.
+    sched: SchedProgram | None = None
 
     def source(self) -> str:
-        return probe_source("openmp.bpf.c").replace("REGION_CAPACITY", str(self.region_capacity))
+        walker = (
+            probe_source("pystack.bpf.c")
+            .replace("TARGET_TGID", str(self.tgid))
+            .replace("SAMPLE_CAPACITY", str(self.sample_capacity))
+        )
+        regions = probe_source("openmp.bpf.c").replace("REGION_CAPACITY", str(self.region_capacity))
+        sched = self.sched.source() if self.sched is not None else ""
+        return walker + regions + handler_source(list(self.runtimes)) + sched
 
 
-def decide_sched(context: CaptureContext) -> dict[str, object]:
+def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) -> dict[str, object]:
     """Whether to trace the scheduler: its tracepoints run on every context switch of the
     machine, so on a busy one they cost more than their share of the budget
     (docs/collectors.md)."""
@@ -73,7 +89,7 @@ def decide_sched(context: CaptureContext) -> dict[str, object]:
             "reason": "" if setting == "on" else "scheduler tracepoints off (--ebpf-sched off)",
         }
     budget = SCHED_TRACE_SHARE * float(context.options.get("overhead_budget", "0.02"))
-    rate = machine_switch_rate(context.clock)
+    rate = (switches or SwitchRate(context.clock)).rate()
     share = sched_trace_share(rate, os.cpu_count() or 1)
     decision: dict[str, object] = {
         "traced": share <= budget,
@@ -93,12 +109,24 @@ def decide_sched(context: CaptureContext) -> dict[str, object]:
     return decision
 
 
+class SwitchRate:
+    """Context switches per second on the whole machine, from /proc/stat's ctxt, counted from
+    construction: the start-up work in between is measured over rather than slept through."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.before, self.start = procfs.read_context_switches(), clock()
+
+    def rate(self, at_least_s: float = 0.25) -> float:
+        remaining = at_least_s - (self.clock() - self.start) / 1e9
+        if remaining > 0:
+            time.sleep(remaining)
+        after, end = procfs.read_context_switches(), self.clock()
+        return (after - self.before) / max(1e-9, (end - self.start) / 1e9)
+
+
 def machine_switch_rate(clock: Clock, seconds: float = 0.25) -> float:
-    """Context switches per second on the whole machine, from /proc/stat's ctxt."""
-    before, start = procfs.read_context_switches(), clock()
-    time.sleep(seconds)
-    after, end = procfs.read_context_switches(), clock()
-    return (after - before) / max(1e-9, (end - start) / 1e9)
+    return SwitchRate(clock).rate(seconds)
 
 
 class EbpfCollector:
@@ -111,7 +139,6 @@ class EbpfCollector:
         self._openmp_bpf: object | None = None
         self.sched_decision: dict[str, object] = {}
         self.region_decision: dict[str, object] = {}
-        self._region_hit_s = 0.0
         self._context: CaptureContext | None = None
         self.slices: dict[str, list[int]] = {
             "start_ns": [],
@@ -124,9 +151,15 @@ class EbpfCollector:
             "end_ns": [],
             "tid": [],
             "requested": [],
+            "runtime": [],  # index into the probed runtimes
             "stack": [],  # index into the walker's stacks, -1 for none
         }
         self.walker: PythonWalker | None = None
+        self._region_probes: list[tuple[str, dict[str, object]]] = []
+        self._hit_s: dict[int, float] = {}  # each probed copy's trap cost per region
+        self.probed_runtimes: list[dict[str, object]] = []
+        self.regions_detached = False
+        self._sampling = False
         self.lost = {"slices": 0, "regions": 0}
         self.attached: list[str] = []
         self.warnings: list[str] = []
@@ -140,127 +173,201 @@ class EbpfCollector:
         return Availability(True)
 
     def start(self, context: CaptureContext) -> None:
-        bcc = load_bcc()
         self._context = context
         target = context.target
-        sched = SchedProgram(target.pid)
-        runtime = target.openmp_runtime
+        switches = SwitchRate(context.clock)
+        flags = self._prepare_walker(target, context.options.get("python_stacks") != "off")
+        # Decided before compiling, since the tracepoints are part of the one program: the
+        # context-switch rate is counted over the walker's preparation.
+        self.sched_decision = decide_sched(context, switches)
+        traced = bool(self.sched_decision["traced"])
+        if not traced:
+            self.warnings.append(str(self.sched_decision["reason"]))
+        program = OpenMPProgram(
+            tuple(probeable(target.runtimes)),
+            target.pid,
+            sched=SchedProgram(target.pid) if traced else None,
+        )
+        self._load(program, flags, sample=True)
+        if self._region_probes:
+            try:
+                self._judge_region_rate(context, context.clock(), self._entries_by_copy())
+            except Exception:
+                self.cleanup()
+                raise
+        self._start_ns = context.clock()
+
+    def load_counters(self, target: Target, python_stacks: bool = True) -> None:
+        """For a long-running reader (profkit watch): the walker and every runtime copy's
+        region probes with no logs, no sampler and no scheduler tracepoints; the cumulative maps
+        (pystack_stats, runtime_entries) are read as often as wanted, and cleanup() detaches."""
+        flags = self._prepare_walker(target, python_stacks)
+        program = OpenMPProgram(
+            tuple(probeable(target.runtimes)), target.pid, region_capacity=1, sample_capacity=1
+        )
+        self._load(program, flags, sample=False)
+
+    def _prepare_walker(self, target: Target, wanted: bool) -> list[str]:
+        self.walker = PythonWalker(target.pid)
+        flags = self.walker.prepare() if wanted else []
+        if not flags:
+            self.walker.reason = self.walker.reason or "Python stack walker off (--python-stacks)"
+            self.warnings.append(self.walker.reason)
+        return flags
+
+    def _load(self, program: OpenMPProgram, flags: list[str], sample: bool) -> None:
+        """Compile the process program and attach what it holds; on any failure nothing stays
+        attached."""
         if self.print_programs:
-            print(f"/* --- sched --- */\n{sched.source()}")
-            if runtime is not None:
-                print(f"/* --- openmp --- */\n{OpenMPProgram(runtime).source()}")
-        self.sched_decision = decide_sched(context)
+            print(f"/* --- process ({' '.join(flags)}) --- */\n{program.source()}")
+        if not (program.runtimes or flags or program.sched):
+            return
+        bcc = load_bcc()
         try:
-            if self.sched_decision["traced"]:
-                sched_bpf = bcc.BPF(text=sched.source())
-                self._bpf.append(sched_bpf)
-                self._sched_bpf = sched_bpf
-                self._seed_threads(sched_bpf, target.pid)
+            # readelf and objdump find the probe points while clang compiles: both run outside
+            # the GIL.
+            runtimes = program.runtimes
+            with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
+                found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
+                bpf = bcc.BPF(text=program.source(), cflags=flags)  # type: ignore[attr-defined]
+                probes = [p for p in (f.result() for f in found) if p is not None]
+            self._bpf.append(bpf)
+            self._openmp_bpf = bpf
+            if program.sched is not None:
+                # TRACEPOINT_PROBE functions are attached as the program loads.
+                self._sched_bpf = bpf
+                self._seed_threads(bpf, program.tgid)
                 self.attached += [
                     "tracepoint:sched:sched_switch",
                     "tracepoint:sched:sched_wakeup",
                     "tracepoint:sched:sched_wakeup_new",
                 ]
-            else:
-                self.warnings.append(str(self.sched_decision["reason"]))
-            if runtime is not None:
-                self._attach_openmp(bcc, OpenMPProgram(runtime), target.pid)
-                self._judge_region_rate(context)
+            if flags:
+                if sample:
+                    self._attach_sampler(bcc, bpf)
+                assert self.walker is not None
+                self.walker.attach(bpf)
+            for copy in probes:
+                self._attach_regions(copy, program.tgid)
         except Exception:
             self.cleanup()
             raise
-        self._start_ns = context.clock()
 
-    def _attach_openmp(self, bcc: object, program: OpenMPProgram, pid: int) -> None:
-        symbol, handler = program.entry
-        path = program.runtime.path
-        self.walker = PythonWalker(pid)
-        flags = self.walker.prepare()
-        if not flags:
-            self.warnings.append(self.walker.reason)
-        bpf = bcc.BPF(text=program.source(), cflags=flags)  # type: ignore[attr-defined]
-        self._bpf.append(bpf)
-        self._openmp_bpf = bpf
-        entry = entry_point(path, symbol)
-        end = gomp_region_end(path) if symbol == "GOMP_parallel" else None
-        returns = None if end else return_sites(path, symbol)
+    def _attach_sampler(self, bcc: object, bpf: object) -> None:
+        """The walker's on-CPU sampler: a cpu-clock event on every CPU, kept to the target's
+        Python threads by the program."""
+        bpf.attach_perf_event(  # type: ignore[attr-defined]
+            ev_type=bcc.PerfType.SOFTWARE,  # type: ignore[attr-defined]
+            ev_config=bcc.PerfSWConfig.CPU_CLOCK,  # type: ignore[attr-defined]
+            fn_name="on_cpu_sample",
+            sample_freq=PYTHON_SAMPLE_HZ,
+        )
+        self._sampling = True
+        self.attached.append(f"perf_event:cpu-clock@{PYTHON_SAMPLE_HZ}Hz (Python stacks)")
+
+    def _attach_regions(self, copy: RuntimeProbes, pid: int) -> None:
+        """One runtime copy's entry and end probes; a copy that refuses them is left out with
+        a warning, the rest go on."""
+        assert self._openmp_bpf is not None
+        bpf, path = self._openmp_bpf, copy.runtime.path
+        added: list[tuple[str, dict[str, object]]] = []
+        described: list[str] = []
+
+        def probe(kind: str, what: str, **where: object) -> None:
+            getattr(bpf, f"attach_{kind}")(name=path, pid=pid, **where)
+            added.append((kind, {"name": path, "pid": pid, **where}))
+            described.append(f"{kind}:{path}:{what}")
+
         try:
-            if entry:
-                bpf.attach_uprobe(name=path, addr=entry.address, fn_name=handler, pid=pid)
-            else:
-                bpf.attach_uprobe(name=path, sym=symbol, fn_name=handler, pid=pid)
-            if end:
-                bpf.attach_uprobe(name=path, addr=end.address, fn_name="on_region_return", pid=pid)
-            elif returns:
+            for entry in copy.entries:
+                if entry.point is not None:
+                    what = f"{entry.address:#x} ({entry.symbol} entry, {entry.point.instruction})"
+                    probe("uprobe", what, addr=entry.address, fn_name=copy.handler)
+                else:
+                    probe("uprobe", entry.symbol, sym=entry.symbol, fn_name=copy.handler)
+            if copy.end is not None:
+                what = f"{copy.end.address:#x} (region end, after the team barrier)"
+                probe("uprobe", what, addr=copy.end.address, fn_name="on_region_return")
+            elif copy.returns:
                 # A uprobe on each `ret` rather than a uretprobe: see profkit/returns.py.
-                for address in returns:
-                    bpf.attach_uprobe(name=path, addr=address, fn_name="on_region_return", pid=pid)
+                for address in copy.returns:
+                    probe(
+                        "uprobe", f"{address:#x} (return)", addr=address, fn_name="on_region_return"
+                    )
             else:
-                bpf.attach_uretprobe(name=path, sym=symbol, fn_name="on_region_return", pid=pid)
+                for entry in copy.entries:
+                    probe("uretprobe", entry.symbol, sym=entry.symbol, fn_name="on_region_return")
                 self.warnings.append(
-                    f"the returns of {symbol} could not be found (objdump/readelf missing or "
-                    "an indirect jump): region ends come from a uretprobe, which makes "
-                    "py-spy --native's pauses longer"
+                    f"the returns of {', '.join(e.symbol for e in copy.entries)} in {path} could "
+                    "not be found (objdump/readelf missing or an indirect jump): region ends "
+                    "come from a uretprobe, which makes py-spy --native's pauses longer"
                 )
         except Exception as exc:  # a stripped or unusual runtime: the rest still works
-            self.warnings.append(f"uprobe on {symbol} in {path} failed: {exc}")
+            for kind, where in added:
+                with contextlib.suppress(Exception):
+                    getattr(bpf, f"detach_{kind}")(
+                        **{k: v for k, v in where.items() if k != "fn_name"}
+                    )
+            self.warnings.append(f"region probes in {path} failed: {exc}")
             return
-        if flags:
-            self.walker.attach(bpf)
-        self._region_hit_s = hit_cost_s(entry) + hit_cost_s(end)
-        self.attached.append(
-            f"uprobe:{path}:{entry.address:#x} ({symbol} entry, {entry.instruction})"
-            if entry
-            else f"uprobe:{path}:{symbol}"
-        )
-        if end:
-            self.attached.append(
-                f"uprobe:{path}:{end.address:#x} (region end, after the team barrier)"
-            )
-        elif returns:
-            self.attached += [
-                f"uprobe:{path}:{address:#x} (return of {symbol})" for address in returns
-            ]
-        else:
-            self.attached.append(f"uretprobe:{path}:{symbol}")
+        self._region_probes += added
+        self.attached += described
+        self._hit_s[copy.index] = copy.hit_cost_s()
+        self.probed_runtimes.append(copy.describe())
 
-    def _judge_region_rate(self, context: CaptureContext, seconds: float = 0.3) -> None:
-        """Count regions for a moment; detach the region probes when their traps would cost
-        the dispatching thread more than its share of the budget (a loop of small parallel
-        ops can start 100 000 regions a second: 2 us each is then 20% of its time)."""
+    def _entries_by_copy(self) -> dict[int, int]:
+        if self._openmp_bpf is None:
+            return {}
+        table = self._openmp_bpf["runtime_entries"]  # type: ignore[index]
+        return {index: int(table[ctypes.c_int(index)].value) for index in self._hit_s}
+
+    def _judge_region_rate(
+        self, context: CaptureContext, start: int, before: dict[int, int], seconds: float = 0.3
+    ) -> None:
+        """Count each copy's regions for a moment since the probes went on (start, before);
+        detach them when their traps would cost the dispatching threads more than their share
+        of the budget (a loop of small parallel ops can start 100 000 regions a second: 2 us
+        each is then 20% of its time)."""
         bpf = self._openmp_bpf
         if bpf is None:
             return
-        before, start = _entries(bpf), context.clock()
-        time.sleep(seconds)
-        rate = (_entries(bpf) - before) / max(1e-9, (context.clock() - start) / 1e9)
+        remaining = seconds - (context.clock() - start) / 1e9
+        if remaining > 0:
+            time.sleep(remaining)
+        elapsed_s = max(1e-9, (context.clock() - start) / 1e9)
+        walk_s = WALKER_HIT_S if self.walker is not None and self.walker.layout else 0.0
+        rates = {i: (n - before.get(i, 0)) / elapsed_s for i, n in self._entries_by_copy().items()}
+        rate = sum(rates.values())
+        share = sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
+        per_region_s = share / rate if rate else max(self._hit_s.values(), default=0.0) + walk_s
         budget = REGION_PROBE_SHARE * float(context.options.get("overhead_budget", "0.02"))
-        share = rate * self._region_hit_s
         self.region_decision = {
             "traced": share <= budget,
             "regions_per_s": round(rate),
-            "cost_per_region_us": round(self._region_hit_s * 1e6, 1),
+            "cost_per_region_us": round(per_region_s * 1e6, 1),
             "expected_share": share,
         }
         if share <= budget:
             return
         reason = (
             f"OpenMP region probes detached: the target started {rate:,.0f} regions a second, "
-            f"~{100 * share:.1f}% of its dispatching thread at {1e6 * self._region_hit_s:.1f} us "
+            f"~{100 * share:.1f}% of its dispatching thread at {1e6 * per_region_s:.1f} us "
             f"per region, over their {100 * budget:g}% share of the budget; attribution falls "
             "back to py-spy's native stacks"
         )
         self.region_decision["reason"] = reason
         self.warnings.append(reason)
-        if self.walker is not None:
-            self.walker.halt()
-            self.walker.reason = "Python stack walker off: the region probes were detached"
-            self.walker.layout = None
-        self._bpf.remove(bpf)
-        with contextlib.suppress(Exception):
-            bpf.cleanup()  # type: ignore[attr-defined]
-        self._openmp_bpf = None
+        # Only the region probes go: the walker's sampler stays on the same program.
+        for kind, where in self._region_probes:
+            self._detach(kind, where)
+        self._region_probes = []
+        self.regions_detached = True
         self.attached = [a for a in self.attached if not a.startswith(("uprobe:", "uretprobe:"))]
+
+    def _detach(self, kind: str, where: dict[str, object]) -> None:
+        with contextlib.suppress(Exception):
+            detach = getattr(self._openmp_bpf, f"detach_{kind}")
+            detach(**{k: v for k, v in where.items() if k != "fn_name"})
 
     def _seed_threads(self, bpf: object, pid: int) -> None:
         times = bpf["times"]  # type: ignore[index]
@@ -279,6 +386,9 @@ class EbpfCollector:
         assert self._context is not None
         end_ns = self._context.clock()
         payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
+        # Off-CPU time per (Python stack, thread); the intervals still open at the window's end
+        # are closed here, as the threads' on/off-CPU times are.
+        offcpu_by_stack: dict[tuple[int, int], list[int]] = {}
         if self._sched_bpf is not None:
             sched = self._sched_bpf
             threads = {}
@@ -289,6 +399,9 @@ class EbpfCollector:
                     oncpu += max(0, end_ns - value.last_in_ns)
                 elif value.last_out_ns:
                     offcpu += max(0, end_ns - value.last_out_ns)
+                    if value.off_stack:
+                        open_off = offcpu_by_stack.setdefault((value.off_stack, key.value), [0, 0])
+                        open_off[0] += max(0, end_ns - value.last_out_ns)
                 threads[str(key.value)] = {
                     "oncpu_ns": oncpu,
                     "offcpu_ns": offcpu,
@@ -297,6 +410,10 @@ class EbpfCollector:
                 }
             payload["threads"] = threads
             self._read_slices(sched)
+            for k, v in sched["pystack_offcpu"].items():  # type: ignore[index]
+                off = offcpu_by_stack.setdefault((k.stack, k.tid), [0, 0])
+                off[0] += int(v.ns)
+                off[1] += int(v.switches)
             payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]  # type: ignore[index]
         python: dict[str, object] = {"walker": "off", "reason": "no OpenMP region probe"}
         if self.walker is not None:
@@ -306,9 +423,19 @@ class EbpfCollector:
             # starting regions while the log is read.
             entries, ended = self._check_ends(self._openmp_bpf)
             stack_index: dict[int, int] = {}
-            if self.walker is not None:
+            if self.walker is not None and self.walker.layout is not None:
                 python, stack_index = self.walker.read()
-            self._read_regions(self._openmp_bpf, ended, stack_index)
+            if not self.regions_detached:
+                self._read_regions(self._openmp_bpf, ended, stack_index)
+            if self._sampling:
+                python["samples"] = self._read_samples(self._openmp_bpf, stack_index)
+            if self._sched_bpf is not None and stack_index:
+                python["offcpu"] = {
+                    "tid": [tid for (_, tid) in offcpu_by_stack],
+                    "stack": [stack_index.get(stack, -1) for (stack, _) in offcpu_by_stack],
+                    "ns": [v[0] for v in offcpu_by_stack.values()],
+                    "switches": [v[1] for v in offcpu_by_stack.values()],
+                }
             payload["region_entries"] = entries
             hist = self._openmp_bpf["duration_us_log2"]  # type: ignore[index]
             payload["histogram_us_log2"] = {
@@ -331,9 +458,11 @@ class EbpfCollector:
                     if self._context.target.openmp_runtime
                     else None
                 ),
+                # Every runtime copy whose region probes went on; regions.runtime indexes it.
+                "runtimes": self.probed_runtimes,
             }
         )
-        (self._context.directory / NORMALISED_FILE).write_text(json.dumps(payload))
+        write_new(self._context.directory / NORMALISED_FILE, json.dumps(payload))
         return CollectorResult(
             self.name,
             "ok",
@@ -369,9 +498,21 @@ class EbpfCollector:
     def _read_regions(self, bpf: object, count: int, stack_index: dict[int, int]) -> None:
         """Copy the in-kernel region log out in one batch, after the window."""
         for _, v in _read_log(bpf, "region_log", count, self.lost, "regions"):
-            for key in ("start_ns", "end_ns", "tid", "requested"):
+            for key in ("start_ns", "end_ns", "tid", "requested", "runtime"):
                 self.regions[key].append(getattr(v, key))
             self.regions["stack"].append(stack_index.get(int(v.stack), -1))
+
+    def _read_samples(self, bpf: object, stack_index: dict[int, int]) -> dict[str, object]:
+        """The walker's on-CPU samples of the target's Python threads, in time order."""
+        count = int(bpf["sample_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+        columns: dict[str, list[int]] = {"t_ns": [], "tid": [], "stack": []}
+        lost = {"samples": 0}
+        for _, v in _read_log(bpf, "sample_log", count, lost, "samples"):
+            columns["t_ns"].append(int(v.t_ns))
+            columns["tid"].append(int(v.tid))
+            columns["stack"].append(stack_index.get(int(v.stack), -1))
+        self.lost["python_samples"] = lost["samples"]
+        return {"rate_hz": PYTHON_SAMPLE_HZ, **columns}
 
     def _read_slices(self, sched: object) -> None:
         """Copy the in-kernel slice log out in one batch, after the window."""

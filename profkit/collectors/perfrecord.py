@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import sh
 
 from .. import demangle
+from ..safefile import write_new
 from ..target import Target
 from ..tools import find_tool
 from .base import Availability, CaptureContext, CollectorResult
@@ -100,9 +103,13 @@ class PerfRecordCollector:
             "cpus": self._cpus,
             "exit_code": exit_code,
         }
+        why = failure_reason(exit_code, self._child.signals_sent, self._child.stderr_text())
         if not (directory / DATA_FILE).exists():
             return CollectorResult(
-                self.name, "failed", self._child.stderr_text()[-200:], notes=notes
+                self.name,
+                "failed",
+                why or self._child.stderr_text()[-200:] or "perf wrote no perf.data",
+                notes=notes,
             )
         fast_names = demangle.available()
         script = sh.Command(self._tool.path)(
@@ -124,7 +131,7 @@ class PerfRecordCollector:
         samples = parse_script(script)
         if fast_names:
             samples = rename_frames(samples, demangle.demangle([f[0] for f in samples["frames"]]))
-        (directory / NORMALISED_FILE).write_text(json.dumps(samples))
+        write_new(directory / NORMALISED_FILE, json.dumps(samples))
         files: tuple[str, ...] = (DATA_FILE, NORMALISED_FILE)
         if notes["scope"] == "cpu":
             # Other processes' stacks must not travel in a bundle made for this one.
@@ -133,8 +140,8 @@ class PerfRecordCollector:
         count = len(samples["samples"]["t_ns"])
         return CollectorResult(
             self.name,
-            "ok" if count else "partial",
-            "" if count else "no samples",
+            "ok" if count and not why else "partial",
+            why or ("" if count else "no samples"),
             samples=count,
             lost=samples["lost"],
             start_ns=min(samples["samples"]["t_ns"], default=None),
@@ -142,6 +149,29 @@ class PerfRecordCollector:
             files=files,
             notes=notes,
         )
+
+
+def failure_reason(exit_code: int | None, signals_sent: list[str], stderr: str) -> str:
+    """Why perf ended badly, in its own words where it gave them; "" when it ended as asked."""
+    text = stderr.strip()
+    lowered = text.lower()
+    if "perf_event_paranoid" in lowered or "permission denied" in lowered:
+        try:
+            level = Path("/proc/sys/kernel/perf_event_paranoid").read_text().strip()
+        except OSError:
+            level = "unknown"
+        return f"permission denied (kernel.perf_event_paranoid is {level})"
+    if exit_code is not None and exit_code < 0:
+        name = signal.Signals(-exit_code).name
+        if name not in signals_sent:
+            return f"perf was killed by {name}, not by profkit"
+        if name == "SIGKILL":
+            return "perf did not stop on SIGINT and SIGTERM and was killed"
+        return ""
+    if exit_code:
+        last = text.splitlines()[-1][:150] if text else ""
+        return f"perf exited with code {exit_code}" + (f": {last}" if last else "")
+    return ""
 
 
 def _frames(block: list[str]) -> Iterator[tuple[str, str]]:

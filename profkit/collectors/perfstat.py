@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..capabilities import HARDWARE_EVENTS, SOFTWARE_EVENTS, probe_perf_events
+from ..safefile import write_new
 from ..target import Target
 from ..tools import find_tool
 from .base import Availability, CaptureContext, CollectorResult
@@ -77,7 +78,7 @@ class PerfStatCollector:
                 self.name, "failed", self._child.stderr_text()[-200:], notes=notes
             )
         rows = parse_interval_csv(raw.read_text(), self._child.started_ns)
-        (self._context.directory / NORMALISED_FILE).write_text(json.dumps(rows))
+        write_new(self._context.directory / NORMALISED_FILE, json.dumps(rows))
         return CollectorResult(
             self.name,
             "ok",

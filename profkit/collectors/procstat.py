@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from .. import procfs
+from ..safefile import write_new
 from ..target import Target
 from .base import Availability, CaptureContext, CollectorResult
 from .periodic import PeriodicSampler
@@ -176,7 +177,7 @@ class ProcCollector:
             },
             "samples": columns,
         }
-        (self._context.directory / "proc.json").write_text(json.dumps(payload))
+        write_new(self._context.directory / "proc.json", json.dumps(payload))
         error = self._sampler.error
         status = "failed" if error else "ok"
         return CollectorResult(

@@ -18,6 +18,7 @@ import signal
 from pathlib import Path
 
 from .. import procfs
+from ..safefile import write_new
 from ..startup import ATTACH_TIMEOUT_S, SETTLE_TIMEOUT_S
 from ..target import Target
 from ..tools import find_tool
@@ -156,7 +157,7 @@ class PySpyCollector:
             )
         normalised = merge(parts)
         normalised["sources"] = source_lines(normalised["frames"])
-        (self._context.directory / NORMALISED_FILE).write_text(json.dumps(normalised))
+        write_new(self._context.directory / NORMALISED_FILE, json.dumps(normalised))
         spans = normalised["spans"]
         samples = sum(
             max(1, round((e - s) / 1e9 * r))

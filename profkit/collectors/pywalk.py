@@ -60,6 +60,8 @@ class PythonWalker:
     refreshes: int = 0
     _bpf: object | None = None
     _known: set[int] = field(default_factory=set)
+    _native: set[int] = field(default_factory=set)
+    _unmatched: dict[int, int] = field(default_factory=dict)
     _missed: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -100,13 +102,24 @@ class PythonWalker:
         self.refreshes += 1
 
     def _watch(self) -> None:
-        """A thread the probe did not know (started after attach) is looked up again; the
-        map is refreshed only when the probe counted such a miss."""
+        """Threads started after attach are looked up when they appear: one listing of the
+        target's tasks each time, the interpreter's thread list only when it changed."""
         while not self._stop.wait(REFRESH_S):
+            try:
+                tids = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
+            except OSError:
+                return  # the target is gone
             missed = self._count(1)
-            if missed > self._missed:
+            if tids - self._known - self._native or missed > self._missed:
                 self._missed = missed
                 self._refresh()
+                # A thread still unmatched at its second look is not a Python thread (a pool
+                # worker): it is not looked up again. (A new Python thread's id is written into
+                # its thread state only once it runs, so one look is not enough.)
+                for tid in tids - self._known:
+                    self._unmatched[tid] = self._unmatched.get(tid, 0) + 1
+                    if self._unmatched[tid] >= 2:
+                        self._native.add(tid)
 
     def _count(self, index: int) -> int:
         assert self._bpf is not None
@@ -161,6 +174,8 @@ class PythonWalker:
             "layout": self.layout.source,
             "counts": counts,
             "thread_map_refreshes": self.refreshes,
+            # Every thread found in the interpreter's thread list: the Python threads, idle or not.
+            "threads": sorted(self._known),
             "stacks": stacks,
         }
         return payload, index

@@ -9,12 +9,13 @@ import click
 
 from ..budget import Budget, auto_mode, default_rate, pyspy_stop_share
 from ..bundle import default_directory
-from ..capture import CaptureRequest, capture, parse_collectors, progress_printer
+from ..capture import CaptureRequest, capture, plan_collectors, progress_printer
 from ..cgroup import CgroupError, cpu_cgroup
 from ..collectors.ebpf import EbpfCollector
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, PermissionDenied, UsageError
 from ..runs import clean_stale
 from ..target import Target, inspect
+from ..unprivileged import cannot_run
 from .options import capture_options, pid_option
 from .summary import print_outcome
 
@@ -34,6 +35,8 @@ def run_capture(
     cpu_budget: float = 0.5,
     pyspy_mode: str = "auto",
     ebpf_sched: str = "auto",
+    python_stacks: str = "auto",
+    force: bool = False,
 ) -> int:
     if duration <= 0:
         raise UsageError(f"--duration must be positive, got {duration:g}")
@@ -41,13 +44,25 @@ def run_capture(
         raise UsageError(f"--max-size must be positive, got {max_size_mb:g}")
     if stop_budget <= 0 or cpu_budget <= 0:
         raise UsageError("--budget and --cpu-budget must be positive")
-    parsed = parse_collectors(collectors)
+    ebpf_denied = cannot_run(("ebpf",), perf_scope).get("ebpf") if os.geteuid() != 0 else None
+    parsed, pyspy_note = plan_collectors(collectors, target, python_stacks, ebpf_denied)
     for cleanup in clean_stale():
         click.echo(
             f"profkit: a capture by pid {cleanup.owner} was killed; cleaned up: "
             f"{'; '.join(cleanup.actions) or 'nothing was left'}",
             err=True,
         )
+    unavailable = cannot_run(parsed, perf_scope) if os.geteuid() != 0 else {}
+    if unavailable and not set(parsed) - set(unavailable):
+        raise PermissionDenied(
+            f"none of the collectors asked for can run as uid {os.geteuid()}: "
+            + "; ".join(f"{name}: {why}" for name, why in unavailable.items())
+        )
+    for name, why in unavailable.items():
+        click.echo(f"profkit: note: {name} not started: {why}", err=True)
+    if pyspy_note:
+        click.echo(f"profkit: note: {pyspy_note}", err=True)
+    parsed = tuple(n for n in parsed if n not in unavailable)
     if not target.has_torch:
         click.echo(
             f"profkit: note: pid {target.pid} has no torch loaded; capturing anyway", err=True
@@ -66,7 +81,7 @@ def run_capture(
         rate_hz=rate
         if rate is not None
         else default_rate(target.threads, stop_budget / 100, pyspy_mode, cpus, stop_share),
-        collectors=parsed,
+        collectors=(*parsed, *unavailable),
         max_size_mb=max_size_mb,
         options={
             "perf_callgraph": perf_callgraph,
@@ -75,11 +90,20 @@ def run_capture(
             "pyspy_mode": pyspy_mode,
             "pyspy_mode_reason": mode_reason,
             "ebpf_sched": ebpf_sched,
+            "python_stacks": python_stacks,
             "overhead_budget": str(stop_budget / 100),
         },
         budget=Budget(stopped_share=stop_budget / 100, tool_cores=cpu_budget),
+        force=force,
+        unavailable=unavailable,
     )
     manifest = capture(request, on_tick=progress_printer())
+    for other in manifest.get("overlapped_with", []):
+        click.echo(
+            f"profkit: note: profkit pid {other['pid']} captured pid {target.pid} at the same "
+            f"time (into {other['bundle']}): the target paid for both",
+            err=True,
+        )
     print_outcome(request.directory, manifest, report=not no_report)
     return EXIT_INTERRUPTED if manifest["status"] == "partial" else EXIT_OK
 

@@ -8,8 +8,9 @@ import click
 
 from ..analysis.pipeline import analyse_bundle
 from ..analysis.stacks import VIEWS, build
-from ..errors import OutputError
 from ..render.exports import folded, pprof, speedscope
+from .flame import write_output
+from .options import mode_option
 
 EXTENSIONS = {"folded": ".folded", "speedscope": ".speedscope.json", "pprof": ".pb.gz"}
 
@@ -19,18 +20,17 @@ EXTENSIONS = {"folded": ".folded", "speedscope": ".speedscope.json", "pprof": ".
 @click.option("--format", "fmt", type=click.Choice(list(EXTENSIONS)), required=True)
 @click.option("--view", type=click.Choice(VIEWS), default="merged", show_default=True)
 @click.option("--output", "-o", help="File to write (default: the bundle name + extension).")
-def export(bundle: str, fmt: str, view: str, output: str | None) -> None:
+@mode_option
+def export(bundle: str, fmt: str, view: str, output: str | None, mode: int) -> None:
     """Export stacks as folded text, speedscope JSON or gzipped pprof."""
     report = analyse_bundle(bundle)
     stacks = build(report, view)
     path = Path(output or (Path(bundle).name + EXTENSIONS[fmt]))
-    try:
-        if fmt == "pprof":
-            path.write_bytes(pprof(stacks))
-        elif fmt == "speedscope":
-            path.write_text(speedscope(stacks, f"profkit {view} {Path(bundle).name}"))
-        else:
-            path.write_text(folded(stacks))
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror}") from exc
+    if fmt == "pprof":
+        data: str | bytes = pprof(stacks)
+    elif fmt == "speedscope":
+        data = speedscope(stacks, f"profkit {view} {Path(bundle).name}")
+    else:
+        data = folded(stacks)
+    write_output(path, data, mode)
     click.echo(f"wrote {path} ({fmt}, {view} view, {stacks.total_seconds:.2f} s)")

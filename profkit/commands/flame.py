@@ -10,11 +10,15 @@ from ..analysis.pipeline import analyse_bundle
 from ..analysis.stacks import VIEWS, build
 from ..errors import OutputError
 from ..render.flame_svg import render_svg
+from ..safefile import replace_file
+from .options import mode_option
 
 
-def write_output(path: str, text: str) -> None:
+def write_output(path: str | Path, data: str | bytes, mode: int = 0o600) -> None:
+    """Written under a fresh name and renamed into place: a link at path is replaced, never
+    written through, and the file has exactly `mode`."""
     try:
-        Path(path).write_text(text)
+        replace_file(path, data, mode)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror}") from exc
 
@@ -29,7 +33,8 @@ def write_output(path: str, text: str) -> None:
     type=click.Path(file_okay=False),
     help="Colour frames by how their share changed against this other bundle.",
 )
-def flame(bundle: str, output: str, view: str, diff_bundle: str | None) -> None:
+@mode_option
+def flame(bundle: str, output: str, view: str, diff_bundle: str | None, mode: int) -> None:
     """Render a flame graph: merged, python, workers or offcpu."""
     report = analyse_bundle(bundle)
     stacks = build(report, view)
@@ -38,5 +43,5 @@ def flame(bundle: str, output: str, view: str, diff_bundle: str | None) -> None:
     title = f"profkit {view} flame graph, pid {pid}" + (
         f" (diff against {diff_bundle})" if diff_bundle else ""
     )
-    write_output(output, render_svg(stacks, title, other))
+    write_output(output, render_svg(stacks, title, other), mode)
     click.echo(f"wrote {output}: {stacks.total_seconds:.2f} s of {view} samples")

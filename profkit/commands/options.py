@@ -2,7 +2,91 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import click
+
+from ..bundle import check_output
+from ..capture import parse_collectors
+from ..errors import UsageError
+
+
+class Number(click.ParamType):
+    """A finite int or float inside [low, high] (low excluded when low_open): nan and inf are
+    refused here, before any target is inspected or tool started."""
+
+    def __init__(
+        self, kind: type, low: float, high: float, low_open: bool = False, unit: str = ""
+    ) -> None:
+        self.kind, self.low, self.high, self.low_open, self.unit = kind, low, high, low_open, unit
+        self.name = kind.__name__
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # type: ignore[no-untyped-def]
+        if isinstance(value, self.kind) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = self.kind(str(value).strip())
+            except ValueError:
+                article = "an" if self.kind is int else "a"
+                self.fail(f"{value!r} is not {article} {self.name}", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        too_low = number <= self.low if self.low_open else number < self.low
+        if too_low or number > self.high:
+            low = f"more than {self.low:g}" if self.low_open else f"at least {self.low:g}"
+            self.fail(
+                f"{value} is out of range: {low} and at most {self.high:g}{self.unit}", param, ctx
+            )
+        return number
+
+
+class FileMode(click.ParamType):
+    """An octal permission mode such as 600 or 0644."""
+
+    name = "mode"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # type: ignore[no-untyped-def]
+        if isinstance(value, int):
+            return value
+        try:
+            mode = int(str(value), 8)
+        except ValueError:
+            self.fail(f"{value!r} is not an octal mode such as 600 or 644", param, ctx)
+        if not 0 <= mode <= 0o777:
+            self.fail(f"{value} is out of range: 000 to 777", param, ctx)
+        return mode
+
+
+# Reports and exports hold the target's command lines and stacks: owner-only unless asked.
+mode_option = click.option(
+    "--mode",
+    "mode",
+    type=FileMode(),
+    default="600",
+    show_default=True,
+    help="Permissions of the file written (octal).",
+)
+
+
+def collectors_callback(ctx: click.Context, param: click.Parameter, value: str | None):  # type: ignore[no-untyped-def]
+    """Checked at parse time, so that `run` never starts its command for a bad list."""
+    if value is None:
+        return None
+    try:
+        parse_collectors(value)
+    except UsageError as exc:
+        raise click.BadParameter(exc.format_message(), ctx, param) from exc
+    return value
+
+
+def out_callback(ctx: click.Context, param: click.Parameter, value: str | None):  # type: ignore[no-untyped-def]
+    """A link or another user's directory is refused before the target is touched."""
+    if value is not None:
+        check_output(Path(value))
+    return value
+
 
 pid_option = click.option("--pid", "-p", type=int, required=True, help="Target process id.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
@@ -14,7 +98,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         click.option(
             "--duration",
             "-d",
-            type=float,
+            type=Number(float, 0, 86400, low_open=True, unit=" s"),
             default=10.0,
             show_default=True,
             help="Seconds to capture.",
@@ -24,12 +108,13 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "-o",
             "out",
             type=click.Path(file_okay=False),
+            callback=out_callback,
             help="Bundle directory (default: profkit-sessions/PID-TIME).",
         ),
         click.option(
             "--rate",
             "-r",
-            type=int,
+            type=Number(int, 1, 1000, unit=" Hz"),
             default=None,
             help="py-spy sampling rate in Hz (default: up to 10, chosen from the target's "
             "thread and CPU counts so that py-spy's pauses and its own CPU fit their parts "
@@ -48,7 +133,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "--budget",
             "--stop-budget",
             "stop_budget",
-            type=float,
+            type=Number(float, 0, 100, low_open=True, unit="%"),
             default=2.0,
             show_default=True,
             help="Most % of the target's throughput profkit may cost it: sets py-spy's rate "
@@ -66,8 +151,17 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "context-switch rate says they would cost more than their part (20%) of --budget.",
         ),
         click.option(
+            "--python-stacks",
+            type=click.Choice(["auto", "off"]),
+            default="auto",
+            show_default=True,
+            help="auto: the eBPF walker reads each parallel region's Python stack and samples "
+            "the Python threads on CPU, without stopping them (CPython 3.10-3.13); where it "
+            "cannot, py-spy joins the default collectors. off: no walker.",
+        ),
+        click.option(
             "--cpu-budget",
-            type=float,
+            type=Number(float, 0, 4096, low_open=True, unit=" cores"),
             default=0.5,
             show_default=True,
             help="Most CPU (cores) profkit and its tools may use; over it a collector stops.",
@@ -75,13 +169,15 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         click.option(
             "--collectors",
             "-c",
+            callback=collectors_callback,
             help="Comma-separated subset of ebpf, proc, cgroup, perf_stat, perf_record, pyspy, "
-            "or all (default: all but perf_stat).",
+            "or all (default: ebpf, proc, cgroup, perf_record, and pyspy where the eBPF walker "
+            "cannot read the target's Python stacks).",
         ),
         click.option(
             "--max-size",
             "max_size_mb",
-            type=float,
+            type=Number(float, 0, 1024 * 1024, low_open=True, unit=" MB"),
             default=256.0,
             show_default=True,
             help="Bundle size bound in MB.",
@@ -95,7 +191,7 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         ),
         click.option(
             "--perf-rate",
-            type=int,
+            type=Number(int, 1, 100000, unit=" Hz"),
             default=49,
             show_default=True,
             help="perf cpu-clock sampling rate in Hz.",
@@ -108,6 +204,12 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             help="cpu: one sampling event per CPU, kept to the target's samples when converted "
             "(cheap for pools that switch often; perf.data is not kept); thread: one event per "
             "target thread (perf.data kept, but every context switch pays for it).",
+        ),
+        click.option(
+            "--force",
+            is_flag=True,
+            help="Capture even if another profkit is capturing the same process (the target "
+            "then pays both budgets); both manifests record the overlap.",
         ),
         click.option("--no-report", is_flag=True, help="Only capture; print no verdict."),
     ]

@@ -10,14 +10,14 @@ from ..cgroup import cpu_cgroup, measure
 from ..errors import UsageError
 from ..quota_report import QuotaDiagnosis, diagnose
 from ..target import ensure_same, inspect, pool_threads
-from .options import json_option, pid_option
+from .options import Number, json_option, pid_option
 
 
 @click.command()
 @pid_option
 @click.option(
     "--window",
-    type=float,
+    type=Number(float, 0, 3600, unit=" s"),
     default=2.0,
     show_default=True,
     help="Seconds over which usage and throttling are measured (0: limits only).",

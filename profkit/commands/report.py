@@ -9,6 +9,7 @@ from ..render.html_report import render_html
 from ..render.json_report import render_json
 from ..render.text import render_text
 from .flame import write_output
+from .options import mode_option
 
 RENDERERS = {"text": render_text, "json": render_json, "html": render_html}
 
@@ -19,11 +20,12 @@ RENDERERS = {"text": render_text, "json": render_json, "html": render_html}
     "--format", "fmt", type=click.Choice(list(RENDERERS)), default="text", show_default=True
 )
 @click.option("--output", "-o", help="Write to this file instead of standard output.")
-def report(bundle: str, fmt: str, output: str | None) -> None:
+@mode_option
+def report(bundle: str, fmt: str, output: str | None, mode: int) -> None:
     """Reconcile, attribute and diagnose a captured session bundle."""
     text = RENDERERS[fmt](analyse_bundle(bundle))
     if output:
-        write_output(output, text)
+        write_output(output, text, mode)
         click.echo(f"wrote {output}")
     else:
         click.echo(text)

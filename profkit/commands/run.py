@@ -13,13 +13,13 @@ from ..autothreads import environment
 from ..errors import CaptureFailed, UsageError
 from ..target import inspect
 from .attach import run_capture
-from .options import capture_options
+from .options import Number, capture_options
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option(
     "--delay",
-    type=float,
+    type=Number(float, 0, 3600, unit=" s"),
     default=2.0,
     show_default=True,
     help="Seconds the command runs before the capture starts.",

@@ -7,12 +7,14 @@ import click
 from ..analysis.pipeline import analyse_bundle
 from ..render.timeline import render_timeline
 from .flame import write_output
+from .options import mode_option
 
 
 @click.command()
 @click.argument("bundle", type=click.Path(file_okay=False))
 @click.option("--output", "-o", required=True, help="Trace JSON file to write.")
-def timeline(bundle: str, output: str) -> None:
+@mode_option
+def timeline(bundle: str, output: str, mode: int) -> None:
     """Threads on and off CPU, parallel regions, py-spy samples and throttling over time."""
-    write_output(output, render_timeline(analyse_bundle(bundle)))
+    write_output(output, render_timeline(analyse_bundle(bundle)), mode)
     click.echo(f"wrote {output}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -22,7 +21,8 @@ class _IoVec(ctypes.Structure):
 
 def _load_readv() -> Callable[..., int] | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The C library this interpreter already loaded: find_library would run ldconfig.
+        libc = ctypes.CDLL(None, use_errno=True)
         func = libc.process_vm_readv
     except (OSError, AttributeError):
         return None

@@ -75,7 +75,7 @@ def render_html(report: Report) -> str:
         ["", "cores"],
         [
             ["process (ground truth)", cpu["process_cores"]],
-            ["py-spy sampled", cpu["python_sampled_cores"]],
+            ["Python sampled", cpu["python_sampled_cores"]],
             ["python (interpreted)", categories["python"]],
             ["native in python threads", categories["native_in_python_threads"]],
             ["pool workers", categories["pool_workers"]],
@@ -90,8 +90,12 @@ def render_html(report: Report) -> str:
             for a in data["attribution"]
         ],
     )
+    notes = "".join(
+        f"<p>{html.escape(n['pool'])} ({html.escape(n['method'])}): {html.escape(n['reason'])}</p>"
+        for n in data["attribution_notes"]
+    )
     pools = _table(
-        ["pool", "workers", "team", "cores", "regions", "activity"],
+        ["pool", "workers", "team", "cores", "regions", "with Python stack", "activity"],
         [
             [
                 p["runtime"],
@@ -99,6 +103,7 @@ def render_html(report: Report) -> str:
                 p["team_size"],
                 p["cores"],
                 p["regions"],
+                p["regions_with_stack"],
                 ", ".join(f"{k} {100 * v:.0f}%" for k, v in (p["activity"] or {}).items()),
             ]
             for p in data["pools"]
@@ -121,7 +126,7 @@ def render_html(report: Report) -> str:
         findings=findings,
         reconciliation=reconciliation,
         pools=pools,
-        attribution=attribution,
+        attribution=notes + attribution,
         quota=_table(["", ""], quota_rows),
         plots=plots,
         flame=flame,

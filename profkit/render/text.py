@@ -28,9 +28,11 @@ def _short(label: str, width: int = 30) -> str:
 def render_text(report: Report) -> str:
     recon = report.reconciliation
     target = report.bundle.manifest.get("target", {})
+    status = f"window {recon.window_seconds:.1f} s, status {report.bundle.manifest.get('status')}"
+    reason = report.bundle.manifest.get("status_reason")
     lines = [
         f"profkit report: pid {target.get('pid')}  {' '.join(target.get('cmdline', []))}"[:WIDTH],
-        f"window {recon.window_seconds:.1f} s, status {report.bundle.manifest.get('status')}",
+        *textwrap.wrap(f"{status} ({reason})" if reason else status, WIDTH),
         "",
     ]
     lines.append("VERDICT")
@@ -42,7 +44,7 @@ def render_text(report: Report) -> str:
     lines += ["", "WHERE THE CPU GOES (cores; /proc is the ground truth)"]
     rows = [
         ("process (ground truth)", f"{recon.process_cores:.2f}"),
-        ("py-spy sampled", f"{recon.python_sampled_cores:.2f}"),
+        ("Python sampled", f"{recon.python_sampled_cores:.2f}"),
         ("  python (interpreted)", f"{recon.python:.2f}"),
         ("  native in python threads", f"{recon.native_in_python_threads:.2f}"),
         ("  pool workers", f"{recon.pool_workers:.2f}"),

@@ -10,7 +10,7 @@ import ctypes
 from dataclasses import dataclass
 
 from ..bccload import BccUnavailable, load_bcc
-from ..collectors.ebpf import EbpfCollector, OpenMPProgram
+from ..collectors.ebpf import EbpfCollector
 from ..collectors.pywalk import SHIM_FRAME, SourceLines, resolve_frame
 from ..pyruntime import CodeResolver, PyRuntimeUnsupported
 from ..pyruntime import thread_states as read_thread_states
@@ -65,26 +65,22 @@ class RegionProbe:
             self.reason = "no OpenMP runtime mapped: no region probe (pool CPU from /proc only)"
             return
         try:
-            bcc = load_bcc()
+            load_bcc()
         except BccUnavailable as exc:
             self.reason = f"no region probe: {exc}"
             return
         collector = EbpfCollector()
         self._collector = collector
         try:
-            # No region log: a long-running agent reads only the cumulative counters.
-            collector._attach_openmp(
-                bcc, OpenMPProgram(runtime, region_capacity=1), self.target.pid
-            )
+            # No logs, no sampler, no tracepoints: only the cumulative counters are read.
+            collector.load_counters(self.target)
         except Exception as exc:
             self.close()
             release_heap()
             self.reason = f"region probe failed to load: {str(exc).splitlines()[0][:200]}"
             return
-        if collector.warnings and not any(
-            a.startswith(("uprobe:", "uretprobe:")) for a in collector.attached
-        ):
-            self.reason = "; ".join(collector.warnings)
+        if not any(a.startswith(("uprobe:", "uretprobe:")) for a in collector.attached):
+            self.reason = "; ".join(collector.warnings) or "no region probe could be attached"
             self.close()
             return
         self.status = "on"

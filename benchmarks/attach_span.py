@@ -1,0 +1,141 @@
+"""A whole `profkit attach`, start-up and teardown included: command-to-prompt time, and what
+the span that contains it costs the target.
+
+    .venv/bin/python benchmarks/attach_span.py [--target fanout] [--threads 8] [--rounds 3]
+        [--duration 5] [--span 12]
+
+The target runs throughout. Spans of --span seconds alternate: bare, then one that starts a
+`profkit attach --duration D --no-report` at its beginning (default collectors), then bare, then
+an A/A control (a child that sleeps as long as the last attach took, nothing else), in a fresh
+order every round. A span's ratio is its throughput over the mean of the bare spans around it.
+Printed per attach: command-to-prompt seconds, start-up (command to window open), window and
+teardown (window close to prompt), and the span ratio; then the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from overhead import ROOT, TARGETS  # the targets and their progress readers
+
+
+def attach(pid: int, duration: float) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as scratch:
+        began = time.monotonic_ns()
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "profkit",
+                "attach",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(duration),
+                "--out",
+                f"{scratch}/b",
+                "--no-report",
+            ],
+            capture_output=True,
+            check=False,
+            cwd=ROOT,
+        )
+        ended = time.monotonic_ns()
+        window = json.loads(Path(f"{scratch}/b/manifest.json").read_text())["window"]
+    return {
+        "prompt_s": (ended - began) / 1e9,
+        "startup_s": (window["start_ns"] - began) / 1e9,
+        "window_s": (window["end_ns"] - window["start_ns"]) / 1e9,
+        "teardown_s": (ended - window["end_ns"]) / 1e9,
+    }
+
+
+def span(kind: str, pid: int, seconds: float, duration: float, last_prompt_s: float) -> tuple:
+    start = time.monotonic_ns()
+    timing: dict[str, float] = {}
+    if kind == "attach":
+        timing = attach(pid, duration)
+    elif kind == "noop":
+        subprocess.run([sys.executable, "-c", f"import time; time.sleep({last_prompt_s})"])
+    remaining = seconds - (time.monotonic_ns() - start) / 1e9
+    if remaining < 0:
+        raise SystemExit(f"the attach took longer than --span {seconds:g} s: raise --span")
+    time.sleep(remaining)
+    return kind, start, time.monotonic_ns(), timing
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="fanout", choices=sorted(TARGETS))
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--span", type=float, default=12.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    args = parser.parse_args()
+    pid, progress, processes = TARGETS[args.target](args.threads)
+    spans = []
+    try:
+        time.sleep(args.warmup)
+        order = random.Random(args.threads)
+        last = args.duration + 3.0
+        spans.append(span("bare", pid, args.span, args.duration, last))
+        for _ in range(args.rounds):
+            for kind in order.sample(["attach", "noop"], 2):
+                spans.append(span(kind, pid, args.span, args.duration, last))
+                if kind == "attach":
+                    last = spans[-1][3]["prompt_s"]
+                spans.append(span("bare", pid, args.span, args.duration, last))
+        time.sleep(0.2)
+        rates = [(kind, progress.rate_between(s, e), t) for kind, s, e, t in spans]
+    finally:
+        for process in processes:
+            process.send_signal(2)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    print(
+        f"# {args.target}, {args.threads} threads, {args.rounds} rounds, attach --duration "
+        f"{args.duration:g} inside {args.span:g}-s spans"
+    )
+    ratios: dict[str, list[float]] = {"attach": [], "noop": []}
+    timings: list[dict[str, float]] = []
+    for index, (kind, rate, timing) in enumerate(rates):
+        if kind == "bare":
+            continue
+        ratio = rate / ((rates[index - 1][1] + rates[index + 1][1]) / 2)
+        ratios[kind].append(ratio)
+        if kind == "attach":
+            timings.append(timing)
+            print(
+                f"attach: prompt {timing['prompt_s']:.2f} s (start-up {timing['startup_s']:.2f}, "
+                f"window {timing['window_s']:.2f}, teardown {timing['teardown_s']:.2f}), "
+                f"span ratio {ratio:.3f}"
+            )
+        else:
+            print(f"noop:   span ratio {ratio:.3f}")
+    for key in ("prompt_s", "startup_s", "teardown_s"):
+        values = [t[key] for t in timings]
+        low, high = min(values), max(values)
+        print(f"median {key}: {statistics.median(values):.2f} ({low:.2f}-{high:.2f})")
+    for kind, values in ratios.items():
+        print(
+            f"median span ratio {kind}: {statistics.median(values):.3f} "
+            f"({min(values):.3f}-{max(values):.3f})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
