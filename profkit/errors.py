@@ -19,6 +19,7 @@ EXIT_CAPTURE = 9
 EXIT_CGROUP = 10
 EXIT_OUTPUT = 11
 EXIT_BUSY = 12
+EXIT_LISTEN = 13
 EXIT_INTERRUPTED = 130
 
 
@@ -77,6 +78,12 @@ class TargetBusy(ProfkitError):
     """Another profkit is capturing the same process (pid and start time)."""
 
     exit_code = EXIT_BUSY
+
+
+class ListenError(ProfkitError):
+    """`watch`: the metrics address cannot be bound (port in use, address not on this host)."""
+
+    exit_code = EXIT_LISTEN
 
 
 def fail_unexpected(exc: BaseException) -> int:

@@ -11,5 +11,7 @@ from .quota import quota
 from .report import report
 from .run import run
 from .timeline import timeline
+from .top import top
+from .watch import watch
 
-COMMANDS = [doctor, ps, quota, attach, run, report, flame, timeline, export]
+COMMANDS = [doctor, ps, quota, attach, run, report, flame, timeline, export, watch, top]

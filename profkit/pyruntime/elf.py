@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache
 
 from .errors import PyRuntimeUnsupported
 
@@ -101,15 +101,25 @@ def parse_elf(data: bytes) -> ElfSymbols:
     return ElfSymbols(machine, e_type == 2, first_load, symbols)
 
 
-@lru_cache(maxsize=16)
-def _load_elf_cached(path: str, size: int, mtime_ns: int, ino: int) -> ElfSymbols:
-    with open(path, "rb") as f:
-        return parse_elf(f.read())
+_ELF_CACHE: OrderedDict[tuple[int, int, int, int], ElfSymbols] = OrderedDict()
+_ELF_CACHE_SIZE = 16
 
 
 def load_elf(path: str) -> ElfSymbols:
+    # Keyed by the file, not the path: each process reaches the same interpreter through its
+    # own /proc/PID/map_files path, and a long-running watcher sees many processes.
     st = os.stat(path)
-    return _load_elf_cached(path, st.st_size, st.st_mtime_ns, st.st_ino)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    elf = _ELF_CACHE.get(key)
+    if elf is None:
+        with open(path, "rb") as f:
+            elf = parse_elf(f.read())
+        _ELF_CACHE[key] = elf
+        while len(_ELF_CACHE) > _ELF_CACHE_SIZE:
+            _ELF_CACHE.popitem(last=False)
+    else:
+        _ELF_CACHE.move_to_end(key)
+    return elf
 
 
 def target_file_path(pid: int, maps: list[Mapping], path: str) -> str:

@@ -1,0 +1,329 @@
+"""A soak of `profkit watch`: its memory, file descriptors and probes over a long run of targets
+that restart, and what it costs them, side by side with an unwatched control arm.
+
+    .venv/bin/python benchmarks/watch_soak.py [--minutes 30] [--restart-every 120]
+        [--recipes 3] [--cores 0.25] [--interval 15] [--control-share 0.2] [--json FILE]
+
+Two arms of `--recipes` fan-out recipes each run at the same time, every recipe in its own CPU
+quota of `--cores`, all restarted together every `--restart-every` seconds (a new pid, the same
+command). The run has control time in which nothing is watched (an A/A control: the two arms'
+throughput ratio without profkit, the method's own bias), half before and half after the watch
+phase, in which `profkit watch` watches arm A through its cgroups. The cost is
+1 - (A/B while watched) ÷ (A/B in the control time). Throughput is the recipes' copies per
+second, from their progress lines. The agent's RSS, open file descriptors (by kind: perf
+events, BPF programs and maps) and CPU are sampled every 10 s; tracefs' uprobe_events is
+compared before and after the run.
+
+Needs root (cgroups, eBPF). Runs `--minutes` in all, `--control-share` of it as control time
+(a 30-minute watch phase: --minutes 37.5 --control-share 0.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from profkit.sandbox import QuotaGroup, quota_group  # noqa: E402
+
+PROGRESS = re.compile(r"^progress copies=(\d+) t_ns=(\d+)")
+
+
+@dataclass
+class Run:
+    """One life of one recipe: its progress, (monotonic s, cumulative copies)."""
+
+    process: subprocess.Popen[str]
+    points: list[tuple[float, int]] = field(default_factory=list)
+
+    def read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            match = PROGRESS.match(line)
+            if match:
+                self.points.append((int(match.group(2)) / 1e9, int(match.group(1))))
+
+
+@dataclass
+class Arm:
+    name: str
+    groups: list[QuotaGroup]
+    runs: list[Run] = field(default_factory=list)
+
+    def copies_between(self, start: float, end: float) -> float:
+        total = 0.0
+        for run in self.runs:
+            inside = [(t, c) for t, c in run.points if start <= t <= end]
+            if len(inside) >= 2:
+                total += inside[-1][1] - inside[0][1]
+        return total
+
+
+def start_recipe(group: QuotaGroup) -> Run:
+    procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs]
+
+    def join() -> None:
+        for path in procs:
+            with open(path, "w") as handle:
+                handle.write(str(os.getpid()))
+
+    process = subprocess.Popen(
+        [sys.executable, "-u", str(ROOT / "recipes" / "shm_fanout.py"), "--report-every", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=join,
+        cwd=ROOT,
+    )
+    run = Run(process)
+    threading.Thread(target=run.read, daemon=True).start()
+    return run
+
+
+def stop(run: Run) -> None:
+    if run.process.poll() is None:
+        run.process.send_signal(signal.SIGINT)
+        try:
+            run.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            run.process.kill()
+            run.process.wait()
+
+
+def stop_agent(agent: subprocess.Popen[str]) -> float | None:
+    """SIGTERM; how long the agent took to exit, None if it had to be killed."""
+    stopping = time.monotonic()
+    agent.send_signal(signal.SIGTERM)
+    try:
+        agent.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait()
+        return None
+    return time.monotonic() - stopping
+
+
+def stop_all(runs: list[Run]) -> None:
+    for run in runs:
+        if run.process.poll() is None:
+            run.process.send_signal(signal.SIGINT)
+    for run in runs:
+        stop(run)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fd_kinds(pid: int) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            kind = target.split(":", 1)[1] if target.startswith("anon_inode:") else "other"
+            kinds[kind] = kinds.get(kind, 0) + 1
+    kinds["total"] = sum(kinds.values())
+    return kinds
+
+
+def watched_processes(port: int) -> int | None:
+    """How many processes the agent watches now, from its own metrics."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    found = re.search(r"^profkit_processes (\S+)$", text, re.M)
+    return int(float(found.group(1))) if found else None
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def uprobe_events() -> str:
+    for path in ("/sys/kernel/tracing/uprobe_events", "/sys/kernel/debug/tracing/uprobe_events"):
+        with contextlib.suppress(OSError):
+            return Path(path).read_text()
+    return ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--restart-every", type=float, default=120.0)
+    parser.add_argument("--recipes", type=int, default=3)
+    parser.add_argument("--cores", type=float, default=0.25)
+    parser.add_argument("--interval", type=float, default=15.0)
+    parser.add_argument("--control-share", type=float, default=0.2)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--agent-log", type=Path, default=Path(os.devnull), help="the agent's stderr"
+    )
+    args = parser.parse_args()
+    total_s = args.minutes * 60
+    control_s = total_s * args.control_share
+    events_before = uprobe_events()
+    with contextlib.ExitStack() as stack:
+        agent_log = stack.enter_context(args.agent_log.open("w"))
+        arms = [
+            Arm(name, [stack.enter_context(quota_group(args.cores)) for _ in range(args.recipes)])
+            for name in ("A", "B")
+        ]
+        start = time.monotonic()
+        agent: subprocess.Popen[str] | None = None
+        samples: list[dict[str, object]] = []
+        # The control time is split around the watch phase, so that the load of the machine
+        # drifting over the run weighs on both alike.
+        watch_from, watch_to = start + control_s / 2, start + total_s - control_s / 2
+        next_restart = start
+        next_sample = watch_from
+        stop_took: float | None = None
+        try:
+            while time.monotonic() < start + total_s:
+                now = time.monotonic()
+                if now >= next_restart:
+                    # Stopped together, so that neither arm is down longer than the other.
+                    stop_all([r for arm in arms for r in arm.runs[-args.recipes :]])
+                    for index in range(args.recipes):  # interleaved: neither arm starts first
+                        for arm in arms:
+                            arm.runs.append(start_recipe(arm.groups[index]))
+                    next_restart += args.restart_every
+                if agent is not None and agent.returncode is None and now >= watch_to:
+                    stop_took = stop_agent(agent)
+                if agent is None and now >= watch_from:
+                    selectors = [f"--cgroup=/{g.limited.name}" for g in arms[0].groups]
+                    port = free_port()
+                    agent = subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "profkit",
+                            "watch",
+                            *selectors,
+                            f"--interval={args.interval:g}",
+                            f"--listen=127.0.0.1:{port}",
+                        ],
+                        cwd=ROOT,
+                        stdout=subprocess.DEVNULL,
+                        stderr=agent_log,
+                    )
+                if agent is not None and agent.returncode is None and now >= next_sample:
+                    with contextlib.suppress(OSError):
+                        samples.append(
+                            {
+                                "t_s": round(now - watch_from, 1),
+                                "rss_mib": round(rss_mib(agent.pid), 1),
+                                "cpu_s": cpu_s(agent.pid),
+                                "fds": fd_kinds(agent.pid),
+                                "watched": watched_processes(port),
+                            }
+                        )
+                    next_sample += 10
+                time.sleep(0.5)
+        finally:
+            end = time.monotonic()
+            if agent is not None and agent.returncode is None:
+                stop_took = stop_agent(agent)
+            stop_all([r for arm in arms for r in arm.runs])
+    windows = {
+        "control": [(start, watch_from), (watch_to, end)],
+        "watch": [(watch_from, min(watch_to, end))],
+    }
+    rates = {
+        phase: {
+            arm.name: sum(arm.copies_between(a, b) for a, b in spans) / sum(b - a for a, b in spans)
+            for arm in arms
+        }
+        for phase, spans in windows.items()
+    }
+    control_ratio = rates["control"]["A"] / rates["control"]["B"]
+    watch_ratio = rates["watch"]["A"] / rates["watch"]["B"]
+    # Per restart cycle: the RSS trough (between probe compiles, which briefly take tens of
+    # MiB) and the most descriptors held (every probe of the cycle loaded). Flat troughs and
+    # equal peaks across cycles: nothing accumulates.
+    cycles: dict[int, list[dict[str, object]]] = {}
+    for sample in samples[1:]:
+        at = watch_from + float(sample["t_s"]) - start  # type: ignore[arg-type]
+        cycles.setdefault(int(at // args.restart_every), []).append(sample)
+    troughs = [min(float(x["rss_mib"]) for x in c) for _, c in sorted(cycles.items())]  # type: ignore[arg-type]
+    fd_peaks = [max(int(x["fds"]["total"]) for x in c) for _, c in sorted(cycles.items())]  # type: ignore[index]
+    result = {
+        "minutes": args.minutes,
+        "restart_every_s": args.restart_every,
+        "recipes_per_arm": args.recipes,
+        "cores_per_recipe": args.cores,
+        "interval_s": args.interval,
+        "restarts_per_recipe": len(arms[0].runs) // args.recipes - 1,
+        "copies_per_s": rates,
+        "control_ratio_a_over_b": control_ratio,
+        "watch_ratio_a_over_b": watch_ratio,
+        "cost": 1 - watch_ratio / control_ratio,
+        "agent_cpu_cores": (
+            (float(samples[-1]["cpu_s"]) - float(samples[0]["cpu_s"]))  # type: ignore[arg-type]
+            / max(1e-9, float(samples[-1]["t_s"]) - float(samples[0]["t_s"]))  # type: ignore[arg-type]
+            if len(samples) >= 2
+            else None
+        ),
+        "rss_mib_trough_per_cycle": troughs,
+        "rss_mib_max": max((float(x["rss_mib"]) for x in samples), default=None),  # type: ignore[arg-type]
+        "fds_peak_per_cycle": fd_peaks,
+        "agent_stop_s": stop_took,
+        "agent_exit": agent.returncode if agent is not None else None,
+        "uprobe_events_unchanged": uprobe_events() == events_before,
+        "samples": samples,
+    }
+    print(
+        f"watch soak: {args.minutes:g} min, {args.recipes} recipes per arm restarted every "
+        f"{args.restart_every:g} s ({result['restarts_per_recipe']} restarts each), "
+        f"{args.cores:g} cores each, --interval {args.interval:g}"
+    )
+    print(
+        f"  copies/s control A {rates['control']['A']:.2f} B {rates['control']['B']:.2f}"
+        f"  ratio {control_ratio:.4f}"
+    )
+    print(
+        f"  copies/s watched A {rates['watch']['A']:.2f} B {rates['watch']['B']:.2f}"
+        f"  ratio {watch_ratio:.4f}"
+    )
+    print(f"  cost to the watched targets: {100 * result['cost']:+.2f}% (A/A control corrected)")
+    if samples:
+        print(f"  agent RSS trough per restart cycle (MiB): {troughs}; max {result['rss_mib_max']}")
+        print(f"  agent fds, peak per restart cycle: {fd_peaks}; at the end {samples[-1]['fds']}")
+        print(f"  agent CPU {result['agent_cpu_cores']:.4f} cores")
+    print(
+        f"  agent stopped in {stop_took if stop_took is None else round(stop_took, 2)} s, "
+        f"exit {result['agent_exit']}; uprobe_events unchanged: "
+        f"{result['uprobe_events_unchanged']}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""`profkit watch`: a long-running agent exporting fan-out and throttling metrics and profiles."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import EXIT_OK
+from ..watch.options import (
+    DEFAULT_LISTEN,
+    WatchOptions,
+    check_interval,
+    parse_listen,
+    parse_push,
+    parse_selectors,
+)
+
+
+def target_options(function):  # type: ignore[no-untyped-def]
+    """The target selectors `watch` and `top` share."""
+    decorators = [
+        click.option(
+            "--pid", "-p", "pids", type=int, multiple=True, help="A target pid (repeatable)."
+        ),
+        click.option(
+            "--match",
+            "-m",
+            "matches",
+            multiple=True,
+            help="Every Python process whose command line matches this regex, as `ps --match` "
+            "(repeatable); new ones are picked up at each interval.",
+        ),
+        click.option(
+            "--cgroup",
+            "cgroups",
+            multiple=True,
+            help="Every Python process in this cgroup or below it, e.g. /kubepods.slice "
+            "(repeatable).",
+        ),
+        click.option(
+            "--name",
+            help="The target label of every process watched (default: the command's short name: "
+            "a script's or module's name).",
+        ),
+        click.option(
+            "--no-probes",
+            is_flag=True,
+            help="No eBPF region probe: /proc and cgroup counters only (no regions, no sites).",
+        ),
+    ]
+    for decorator in reversed(decorators):
+        function = decorator(function)
+    return function
+
+
+@click.command()
+@target_options
+@click.option(
+    "--interval",
+    type=float,
+    default=15.0,
+    show_default=True,
+    help="Seconds per window: metrics, findings and the profile are updated this often.",
+)
+@click.option(
+    "--listen",
+    default=DEFAULT_LISTEN,
+    show_default=True,
+    help="HOST:PORT of the Prometheus endpoint (/metrics).",
+)
+@click.option(
+    "--profiles",
+    "profiles_dir",
+    type=click.Path(file_okay=False),
+    help="Write each window's merged profile (pprof) to DIR/<target>/ (rolling).",
+)
+@click.option(
+    "--keep",
+    type=click.IntRange(min=1),
+    default=240,
+    show_default=True,
+    help="Profiles kept per target in --profiles.",
+)
+@click.option(
+    "--push",
+    "push_url",
+    help="Base URL of a Pyroscope-compatible server: each profile is posted to URL/ingest.",
+)
+def watch(
+    pids: tuple[int, ...],
+    matches: tuple[str, ...],
+    cgroups: tuple[str, ...],
+    name: str | None,
+    no_probes: bool,
+    interval: float,
+    listen: str,
+    profiles_dir: str | None,
+    keep: int,
+    push_url: str | None,
+) -> int:
+    """Watch processes continuously: Prometheus metrics, findings and pprof profiles."""
+    from ..watch.agent import Agent
+
+    options = WatchOptions(
+        selectors=parse_selectors(pids, matches, cgroups),
+        interval_s=check_interval(interval),
+        name=name,
+        listen=parse_listen(listen),
+        profiles_dir=profiles_dir,
+        keep_profiles=keep,
+        push_url=parse_push(push_url) if push_url else None,
+        probes=not no_probes,
+    )
+    agent = Agent(options)
+    agent.install_signals()
+    agent.start()
+    click.echo(
+        f"profkit: serving metrics on http://{options.listen}/metrics, a window every "
+        f"{interval:g} s",
+        err=True,
+    )
+    agent.run()
+    click.echo("profkit: stopped; every probe detached", err=True)
+    return EXIT_OK

@@ -1,0 +1,280 @@
+"""The watch loop: every interval, find targets, close each process's window, publish.
+
+A target that exits, restarts or cannot be read is dropped or picked up again at the next
+interval; nothing about one target stops the agent. SIGTERM and SIGINT end it at once: every
+probe is detached before it returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..cgroup import CgroupCpu, CpuStat, cpu_cgroup, read_cpu_stat
+from ..errors import CgroupError, ListenError, NoSuchProcess, NotPythonTarget, PermissionDenied
+from ..target import inspect
+from .discover import Candidate, Identity, candidates
+from .labels import labels_of
+from .metrics import AgentCounters, Snapshot, WatchCollector
+from .options import WatchOptions
+from .probe import NoProbe, RegionProbe
+from .process import ProcessWindow, WatchedProcess
+from .profiles import ProfileDirectory, Pusher, PushItem, pprof_bytes
+from .series import TargetSeries
+
+
+def say(message: str) -> None:
+    print(f"profkit: {message}", file=sys.stderr, flush=True)
+
+
+class Agent:
+    def __init__(self, options: WatchOptions, notify: Callable[[str], None] = say) -> None:
+        self.options = options
+        self.notify = notify
+        self.stop = threading.Event()
+        self.processes: dict[Identity, tuple[WatchedProcess, tuple[str, ...]]] = {}
+        self.series: dict[tuple[str, ...], TargetSeries] = {}
+        self.rejected: set[Identity] = set()
+        self.collector = WatchCollector()
+        self.counters = AgentCounters(interval_s=options.interval_s)
+        self.profiles = (
+            ProfileDirectory(Path(options.profiles_dir), options.keep_profiles)
+            if options.profiles_dir
+            else None
+        )
+        self.pusher: Pusher | None = None
+        self._server: object | None = None
+        self._said_waiting = False
+        self._said: set[str] = set()
+        self.windows = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Bind the metrics endpoint; fails before anything is attached."""
+        listen = self.options.listen
+        if listen is None:
+            return
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.exposition import start_wsgi_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.collector)
+        try:
+            self._server, _ = start_wsgi_server(listen.port, listen.host, registry)
+        except OSError as exc:
+            why = {
+                errno.EADDRINUSE: "the port is in use",
+                errno.EADDRNOTAVAIL: "the address is not on this host",
+                errno.EACCES: "permission denied",
+            }.get(exc.errno or 0, exc.strerror or str(exc))
+            raise ListenError(f"cannot listen on {listen}: {why}") from exc
+
+    def install_signals(self) -> None:
+        def handler(signum: int, frame: object) -> None:
+            self.stop.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def start(self) -> None:
+        self.serve()
+        if self.options.push_url:
+            self.pusher = Pusher(self.options.push_url, self.notify)
+            self.counters.pusher = self.pusher
+
+    def run(self, on_window: Callable[[Agent], None] | None = None) -> None:
+        """Until stop is set: one window per interval, on a fixed schedule."""
+        try:
+            self.tick()
+            next_at = time.monotonic() + self.options.interval_s
+            while not self.stop.wait(max(0.0, next_at - time.monotonic())):
+                self.tick()
+                if on_window:
+                    on_window(self)
+                next_at += self.options.interval_s
+                if next_at < time.monotonic():  # a late window: keep the schedule, skip ahead
+                    next_at = time.monotonic() + self.options.interval_s
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for watched, _ in self.processes.values():
+            watched.close()
+        self.processes.clear()
+        if self.pusher is not None:
+            self.pusher.close()
+        if self._server is not None:
+            self._server.shutdown()  # type: ignore[attr-defined]
+            self._server.server_close()  # type: ignore[attr-defined]
+            self._server = None
+
+    # -- one interval ------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        now_unix = time.time()
+        windows = self._close_windows()
+        # Read right after the processes, before discovery (which may compile probes for
+        # seconds), so that both close at the time the counters are stamped with.
+        cgroups = {labels: self._cgroups(items) for labels, items in windows.items()}
+        self._discover()
+        with self.collector.lock:
+            updated = self._update(windows, cgroups, now_unix)
+        for series in updated:
+            self._emit_profile(series, now_unix)
+
+    def _cgroups(
+        self, items: list[tuple[WatchedProcess, ProcessWindow]]
+    ) -> dict[Path, tuple[CgroupCpu, CpuStat]]:
+        groups: dict[Path, tuple[CgroupCpu, CpuStat]] = {}
+        for watched, _ in items:
+            with contextlib.suppress(CgroupError, OSError):
+                cg = cpu_cgroup(watched.pid)
+                if cg.stat_directory not in groups:
+                    groups[cg.stat_directory] = (cg, read_cpu_stat(cg))
+        return groups
+
+    def _close_windows(self) -> dict[tuple[str, ...], list[tuple[WatchedProcess, ProcessWindow]]]:
+        grouped: dict[tuple[str, ...], list[tuple[WatchedProcess, ProcessWindow]]] = {}
+        for identity, (watched, labels) in list(self.processes.items()):
+            try:
+                window = watched.close_window()
+            except (FileNotFoundError, ProcessLookupError, OSError):
+                self._drop(identity)
+                continue
+            grouped.setdefault(labels, []).append((watched, window))
+        return grouped
+
+    def _drop(self, identity: Identity) -> None:
+        watched, _ = self.processes.pop(identity)
+        watched.close()
+
+    def _discover(self) -> None:
+        for identity, (watched, labels) in list(self.processes.items()):
+            if self.stop.is_set():
+                return
+            if watched.awaiting_runtime:
+                try:
+                    if watched.look_for_runtime():
+                        self._announce(watched, labels)
+                except OSError:
+                    self._drop(identity)
+        found = {c.identity: c for c in candidates(self.options.selectors)}
+        for identity in [i for i in self.processes if i not in found]:
+            self._drop(identity)  # exited, or its pid now names another process
+        self.rejected &= set(found)
+        for identity, candidate in found.items():
+            if self.stop.is_set():
+                break  # compiling a probe takes a while; a stop request does not wait for all
+            if identity in self.processes or identity in self.rejected:
+                continue
+            self._add(candidate)
+        if not self.processes and not self._said_waiting:
+            self._said_waiting = True
+            self.notify(
+                f"no Python process matches {self.options.selectors.describe()}; waiting "
+                f"(checking every {self.options.interval_s:g} s)"
+            )
+        elif self.processes:
+            self._said_waiting = False
+
+    def _add(self, candidate: Candidate) -> None:
+        try:
+            target = inspect(candidate.pid)
+        except (NoSuchProcess, NotPythonTarget, PermissionDenied) as exc:
+            self.rejected.add(candidate.identity)
+            if isinstance(exc, PermissionDenied):
+                self._say_once(f"perm-{candidate.pid}", str(exc))
+            return
+        if target.start_ticks != candidate.start_ticks:
+            return  # the pid was reused between the scan and now: next interval
+        labels = labels_of(target.pid, target.cmdline, candidate.comm, self.options.name)
+        probe = RegionProbe(target) if self.options.probes else NoProbe(target)
+        watched = WatchedProcess(target, probe)
+        try:
+            watched.begin()
+        except (FileNotFoundError, ProcessLookupError, OSError):
+            watched.close()
+            return
+        self._announce(watched, labels)
+        self.processes[candidate.identity] = (watched, labels)
+        series = self.series.setdefault(labels, TargetSeries(labels))
+        with contextlib.suppress(CgroupError, OSError):
+            cg = cpu_cgroup(target.pid)
+            stat = read_cpu_stat(cg)
+            with self.collector.lock:
+                series.prime(cg.stat_directory, stat)
+        if not self.options.probes:
+            state = ""
+        elif watched.awaiting_runtime:
+            state = ", region probe once it loads an OpenMP runtime"
+        else:
+            state = f", region probe {probe.status}"
+        self._say_once(
+            f"watch-{candidate.identity}", f"watching {labels[0]} (pid {target.pid}{state})"
+        )
+
+    def _announce(self, watched: WatchedProcess, labels: tuple[str, ...]) -> None:
+        probe, pid = watched.probe, watched.pid
+        if watched.awaiting_runtime:
+            return  # said once the runtime is loaded
+        if probe.reason:
+            self.counters.probe_failures += probe.status != "on"
+            self._say_once(
+                f"probe-{labels[0]}-{probe.reason}", f"{labels[0]} (pid {pid}): {probe.reason}"
+            )
+        elif probe.walker_reason:
+            self._say_once(
+                f"walker-{labels[0]}",
+                f"{labels[0]} (pid {pid}): {probe.walker_reason}; dispatch sites are "
+                'reported as site="unknown"',
+            )
+
+    def _say_once(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self.notify(message)
+
+    def _update(
+        self,
+        grouped: dict[tuple[str, ...], list[tuple[WatchedProcess, ProcessWindow]]],
+        cgroups: dict[tuple[str, ...], dict[Path, tuple[CgroupCpu, CpuStat]]],
+        now_unix: float,
+    ) -> list[TargetSeries]:
+        updated = []
+        for labels, items in grouped.items():
+            series = self.series.setdefault(labels, TargetSeries(labels))
+            cpus = max(w.target.cpus_allowed for w, _ in items)
+            series.add([w for _, w in items], cgroups[labels], cpus, now_unix)
+            updated.append(series)
+        live = {labels for _, labels in self.processes.values()}
+        for labels, series in self.series.items():
+            series.live = labels in live
+        self.windows += 1
+        times = os.times()
+        self.counters.cpu_seconds = times.user + times.system
+        self.counters.targets = len(live)
+        self.counters.processes = len(self.processes)
+        self.collector.publish(Snapshot(tuple(self.series.values()), self.counters))
+        return updated
+
+    def _emit_profile(self, series: TargetSeries, now_unix: float) -> None:
+        if not series.profile or (self.profiles is None and self.pusher is None):
+            return
+        data = pprof_bytes(series.profile, series.profile_seconds)
+        start = now_unix - series.profile_seconds
+        if self.profiles is not None:
+            try:
+                self.profiles.write(series.labels, data, start, now_unix)
+                self.counters.profiles_written += 1
+            except OSError as exc:
+                self._say_once("profiles-dir", f"cannot write profiles: {exc}")
+        if self.pusher is not None:
+            self.pusher.submit(PushItem(series.labels, data, start, now_unix))

@@ -1,0 +1,73 @@
+"""Which processes are targets now: pid, command line (as `ps --match`) or cgroup selectors.
+
+A process is known by its pid and start time, so a reused pid is a new target.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import procfs
+from ..cgroup import parse_proc_cgroup
+from .options import Selectors
+
+Identity = tuple[int, int]  # pid, start ticks
+
+
+@dataclass(frozen=True)
+class Candidate:
+    pid: int
+    start_ticks: int
+    cmdline: tuple[str, ...]
+    comm: str
+
+    @property
+    def identity(self) -> Identity:
+        return (self.pid, self.start_ticks)
+
+
+def _cgroup_paths(pid: int) -> set[str]:
+    try:
+        return set(parse_proc_cgroup(Path(f"/proc/{pid}/cgroup").read_text()).values())
+    except OSError:
+        return set()
+
+
+def _under(path: str, prefix: str) -> bool:
+    return prefix == "/" or path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
+def candidates(selectors: Selectors, own: int | None = None) -> list[Candidate]:
+    """Live processes the selectors name (not yet checked for Python: see target.inspect)."""
+    own = own or os.getpid()
+    patterns = [re.compile(m) for m in selectors.matches]
+    wanted_pids = set(selectors.pids)
+    scan = bool(patterns or selectors.cgroups)
+    pids = [int(e) for e in os.listdir("/proc") if e.isdigit()] if scan else sorted(wanted_pids)
+    found = []
+    for pid in pids:
+        if pid == own:
+            continue
+        try:
+            cmdline = procfs.read_cmdline(pid)
+            if not cmdline:
+                continue  # kernel threads and zombies
+            chosen = pid in wanted_pids
+            if not chosen and patterns:
+                command = " ".join(cmdline)
+                chosen = any(p.search(command) for p in patterns)
+            if not chosen and selectors.cgroups:
+                paths = _cgroup_paths(pid)
+                chosen = any(_under(p, c) for p in paths for c in selectors.cgroups)
+            if not chosen:
+                continue
+            stat = procfs.read_stat(pid)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if stat.state == "Z":
+            continue
+        found.append(Candidate(pid, stat.start_ticks, cmdline, stat.comm))
+    return found

@@ -1,0 +1,173 @@
+"""The OpenMP region probe and Python stack walker of one process, kept loaded and read
+cumulatively: regions entered, and regions and region time per Python stack, all counted in the
+kernel (probes/openmp.bpf.c), so that reading them once an interval costs one map walk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from dataclasses import dataclass
+
+from ..bccload import BccUnavailable, load_bcc
+from ..collectors.ebpf import EbpfCollector
+from ..collectors.pywalk import SHIM_FRAME, SourceLines, resolve_frame
+from ..pyruntime import CodeResolver, PyRuntimeUnsupported
+from ..pyruntime import thread_states as read_thread_states
+from ..target import Target
+
+
+@dataclass(frozen=True)
+class PyFrameInfo:
+    file: str
+    function: str
+    line: int
+    code: str | None
+
+
+@dataclass(frozen=True)
+class StackCounts:
+    regions: int
+    region_ns: int
+
+
+def release_heap() -> None:
+    """Give freed heap back to the system. Compiling a probe (clang, in this process) leaves
+    megabytes of freed but retained heap behind each time; an agent that compiles one per new
+    process would otherwise grow with every restart of its targets."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)  # glibc only: elsewhere nothing to do
+
+
+class RegionProbe:
+    """Load with start(); read() any number of times; close() detaches everything."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.status = "off"
+        self.reason = ""
+        self.walker_reason = ""
+        self._collector: EbpfCollector | None = None
+        self._frames: dict[int, tuple[PyFrameInfo, ...]] = {}
+
+    @property
+    def bpf(self) -> object | None:
+        return None if self._collector is None else self._collector._openmp_bpf
+
+    @property
+    def walker_on(self) -> bool:
+        c = self._collector
+        return bool(c and c.walker and c.walker.layout is not None and c.walker._bpf is not None)
+
+    def start(self) -> None:
+        runtime = self.target.openmp_runtime
+        if runtime is None:
+            self.reason = "no OpenMP runtime mapped: no region probe (pool CPU from /proc only)"
+            return
+        try:
+            load_bcc()
+        except BccUnavailable as exc:
+            self.reason = f"no region probe: {exc}"
+            return
+        collector = EbpfCollector()
+        self._collector = collector
+        try:
+            # No logs, no sampler, no tracepoints: only the cumulative counters are read.
+            collector.load_counters(self.target)
+        except Exception as exc:
+            self.close()
+            release_heap()
+            self.reason = f"region probe failed to load: {str(exc).splitlines()[0][:200]}"
+            return
+        if not any(a.startswith(("uprobe:", "uretprobe:")) for a in collector.attached):
+            self.reason = "; ".join(collector.warnings) or "no region probe could be attached"
+            self.close()
+            return
+        self.status = "on"
+        release_heap()
+        walker = collector.walker
+        self.walker_reason = "" if self.walker_on else (walker.reason if walker else "")
+
+    def regions(self) -> int:
+        bpf = self.bpf
+        if bpf is None:
+            return 0
+        try:
+            return int(bpf["entry_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+        except Exception:
+            return 0
+
+    def python_tids(self) -> set[int] | None:
+        """Threads the interpreter knows, or None where its layout is unknown."""
+        c = self._collector
+        if c is None or c.walker is None or c.walker.layout is None:
+            return None
+        try:
+            return set(read_thread_states(self.target.pid, c.walker.layout))
+        except (PyRuntimeUnsupported, OSError):
+            return None
+
+    def stacks(self) -> dict[int, tuple[StackCounts, tuple[PyFrameInfo, ...]]]:
+        """Every stack seen so far with its cumulative counts; frames resolved once per id."""
+        bpf = self.bpf
+        if bpf is None or not self.walker_on:
+            return {}
+        try:
+            stats = {
+                int(k.value): StackCounts(int(v.regions), int(v.region_ns))
+                for k, v in bpf["pystack_stats"].items()  # type: ignore[index]
+            }
+        except Exception:
+            return {}
+        new = [i for i in stats if i not in self._frames]
+        if new:
+            self._resolve(bpf, new)
+        return {i: (counts, self._frames.get(i, ())) for i, counts in stats.items()}
+
+    def _resolve(self, bpf: object, ids: list[int]) -> None:
+        c = self._collector
+        assert c is not None and c.walker is not None and c.walker.layout is not None
+        table = bpf["pystacks"]  # type: ignore[index]
+        try:
+            resolver = CodeResolver(self.target.pid, c.walker.layout)
+        except OSError:
+            return
+        sources = SourceLines(self.target.pid)
+        try:
+            for stack_id in ids:
+                try:
+                    value = table[ctypes.c_uint64(stack_id)]
+                except KeyError:
+                    continue
+                depth = min(int(value.depth), len(value.code))
+                frames = []
+                for i in reversed(range(depth)):
+                    if int(value.instr[i]) & SHIM_FRAME:
+                        continue
+                    f = resolve_frame(resolver, sources, int(value.code[i]), int(value.instr[i]))
+                    frames.append(
+                        PyFrameInfo(
+                            str(f["file"]),
+                            str(f["function"]),
+                            int(f["line"]),  # type: ignore[call-overload]
+                            f["code"],  # type: ignore[arg-type]
+                        )
+                    )
+                self._frames[stack_id] = tuple(frames)
+        finally:
+            resolver.close()
+
+    def close(self) -> None:
+        if self._collector is not None:
+            with contextlib.suppress(Exception):
+                self._collector.cleanup()
+        self._collector = None
+        self.status = "off"
+        release_heap()
+
+
+class NoProbe(RegionProbe):
+    """--no-probes: /proc and the cgroup only."""
+
+    def start(self) -> None:
+        self.reason = ""

@@ -1,0 +1,255 @@
+"""One watched process: its threads' CPU from /proc and its region probe, closed into windows.
+
+Pool workers are found without stopping anything. A thread the interpreter does not know whose
+user-space instruction pointer (/proc/PID/task/TID/syscall, readable while the thread is off
+CPU) lies in the OpenMP runtime's code is a worker: waiting at the team barrier, or preempted
+while spinning there. A thread seen blocked in a system call elsewhere is not an OpenMP worker
+(libgomp blocks only in its own futex calls). A thread never seen off CPU, as a spinning worker
+on an idle machine can be, counts as a worker while it burns CPU if it carries the process's own
+name, as OpenMP workers do (the inference `report` makes without perf or eBPF data).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .. import procfs
+from ..analysis.attribution import _resolve_op
+from ..errors import ProfkitError
+from ..target import Target, inspect, pool_threads
+from .probe import NoProbe, PyFrameInfo, RegionProbe
+
+POOL_NAME = {"libgomp": "openmp", "libiomp5": "openmp"}
+UNKNOWN_SITE = "unknown"
+
+
+@dataclass(frozen=True)
+class SiteKey:
+    site: str  # file:line of the innermost Python frame that dispatched the regions
+    function: str
+    op: str
+
+
+@dataclass(frozen=True)
+class ProcessWindow:
+    """What one process did between two reads."""
+
+    seconds: float
+    process_cpu: float
+    python_cpu: float
+    pool_cpu: float
+    regions: int
+    runtime: str | None  # pool name ("openmp"), None without an OpenMP runtime
+    team_size: int  # workers seen + the dispatching thread, else the configured pool
+    team_source: str
+    site_cpu: dict[SiteKey, float]
+    site_stacks: dict[SiteKey, tuple[PyFrameInfo, ...]]
+    python_threads: dict[str, float]  # "name (tid)" -> CPU seconds
+    other_threads: dict[str, float]
+
+
+def _code_ranges(pid: int, path: str) -> list[tuple[int, int]]:
+    ranges = []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and "x" in parts[1] and parts[5].rstrip("\n") == path:
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                ranges.append((start, end))
+    return ranges
+
+
+def _user_pc(pid: int, tid: int) -> tuple[int, int] | None:
+    """(system call number or -1, user-space instruction pointer) of a thread off CPU, else
+    None."""
+    try:
+        text = (procfs.task_dir(pid, tid) / "syscall").read_text().split()
+    except OSError:
+        return None
+    if not text or text[0] == "running" or len(text) < 3:
+        return None
+    try:
+        return int(text[0]), int(text[-1], 16)
+    except ValueError:
+        return None
+
+
+@dataclass
+class WatchedProcess:
+    target: Target
+    probe: RegionProbe
+    started_s: float = field(default_factory=time.monotonic)
+    _cpu: dict[int, float] = field(default_factory=dict)
+    _names: dict[int, str] = field(default_factory=dict)
+    _process_cpu: float = 0.0
+    _regions: int = 0
+    _stacks: dict[int, int] = field(default_factory=dict)  # stack id -> region_ns so far
+    _workers: set[int] = field(default_factory=set)  # seen in the runtime's code
+    _not_workers: set[int] = field(default_factory=set)  # seen blocked outside it
+    _runtime_code: list[tuple[int, int]] = field(default_factory=list)
+    _last_s: float = 0.0
+    _python_tids: set[int] = field(default_factory=set)
+
+    @property
+    def pid(self) -> int:
+        return self.target.pid
+
+    @property
+    def runtime(self) -> str | None:
+        rt = self.target.openmp_runtime
+        return POOL_NAME.get(rt.name) if rt else None
+
+    @property
+    def awaiting_runtime(self) -> bool:
+        """Found before it loaded an OpenMP runtime (torch not imported yet)."""
+        return self.target.openmp_runtime is None and not isinstance(self.probe, NoProbe)
+
+    def begin(self) -> None:
+        """Load the probe and take the baseline; the first window closes at the next read."""
+        self._start_probe()
+        self._cpu = self._read_threads()
+        self._classify(list(self._cpu))
+        self._process_cpu = procfs.read_stat(self.pid).cpu_seconds
+        self._last_s = time.monotonic()
+
+    def _start_probe(self) -> None:
+        self.probe.start()
+        rt = self.target.openmp_runtime
+        if rt is not None:
+            with contextlib.suppress(OSError):
+                self._runtime_code = _code_ranges(self.pid, rt.path)
+        self._regions = self.probe.regions()
+        self._stacks = {i: c.region_ns for i, (c, _) in self.probe.stacks().items()}
+
+    def look_for_runtime(self) -> bool:
+        """Read the process's maps again; once it has loaded an OpenMP runtime, load the probe.
+        True when that happened now."""
+        try:
+            target = inspect(self.pid)
+        except ProfkitError:
+            return False
+        if target.start_ticks != self.target.start_ticks or target.openmp_runtime is None:
+            return False
+        self.target = target
+        self.probe.close()
+        self.probe = RegionProbe(target)
+        self._start_probe()
+        return True
+
+    def _read_threads(self) -> dict[int, float]:
+        cpu: dict[int, float] = {}
+        for tid in procfs.list_tids(self.pid):
+            try:
+                stat = procfs.read_stat(self.pid, tid)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            cpu[tid] = stat.cpu_seconds
+            self._names[tid] = stat.comm
+        return cpu
+
+    def _classify(self, tids: list[int]) -> None:
+        python = self.probe.python_tids()
+        self._python_tids = python if python else {self.pid}
+        if not self._runtime_code:
+            return
+        for tid in tids:
+            if tid in self._workers or tid in self._python_tids or tid == self.pid:
+                continue
+            if tid in self._not_workers:
+                continue
+            seen = _user_pc(self.pid, tid)
+            if seen is None:
+                continue
+            nr, pc = seen
+            if any(lo <= pc < hi for lo, hi in self._runtime_code):
+                self._workers.add(tid)
+            elif nr >= 0:
+                self._not_workers.add(tid)
+
+    def _pool_members(self, deltas: dict[int, float]) -> set[int]:
+        if not self._runtime_code:
+            return set()
+        own = self._names.get(self.pid)
+        provisional = {
+            tid
+            for tid, cpu in deltas.items()
+            if cpu > 0
+            and tid != self.pid
+            and tid not in self._python_tids
+            and tid not in self._not_workers
+            and self._names.get(tid) == own
+        }
+        return self._workers | provisional
+
+    def close_window(self) -> ProcessWindow:
+        """Read everything again; raises FileNotFoundError once the process has exited."""
+        now = time.monotonic()
+        process_cpu = procfs.read_stat(self.pid).cpu_seconds
+        cpu = self._read_threads()
+        self._classify(list(cpu))
+        regions = self.probe.regions()
+        stacks = self.probe.stacks()
+        # A thread first seen now started within the window: all its CPU is the window's.
+        deltas = {tid: max(0.0, c - self._cpu.get(tid, 0.0)) for tid, c in cpu.items()}
+        members = self._pool_members(deltas)
+        pool_cpu = sum(d for tid, d in deltas.items() if tid in members)
+        python_threads = {
+            f"{self._names.get(t, '?')} ({t})": d
+            for t, d in deltas.items()
+            if t in self._python_tids
+        }
+        others = {
+            f"{self._names.get(t, '?')} ({t})": d
+            for t, d in deltas.items()
+            if t not in self._python_tids and t not in members and d > 0
+        }
+        site_ns: dict[SiteKey, float] = {}
+        site_stacks: dict[SiteKey, tuple[PyFrameInfo, ...]] = {}
+        for stack_id, (counts, frames) in stacks.items():
+            grown = counts.region_ns - self._stacks.get(stack_id, 0)
+            if grown <= 0 or not frames:
+                continue
+            key = site_key(frames)
+            site_ns[key] = site_ns.get(key, 0.0) + grown
+            site_stacks.setdefault(key, frames)
+        total_ns = sum(site_ns.values())
+        if total_ns > 0:
+            site_cpu = {k: pool_cpu * ns / total_ns for k, ns in site_ns.items()}
+        elif pool_cpu > 0:
+            site_cpu = {SiteKey(UNKNOWN_SITE, "", ""): pool_cpu}
+        else:
+            site_cpu = {}
+        configured, source = pool_threads(self.target)
+        if members and self.runtime:
+            team, source = len(members) + 1, "workers seen in /proc"
+        else:
+            team = configured
+        window = ProcessWindow(
+            seconds=now - self._last_s,
+            process_cpu=max(0.0, process_cpu - self._process_cpu),
+            python_cpu=sum(python_threads.values()),
+            pool_cpu=pool_cpu,
+            regions=max(0, regions - self._regions),
+            runtime=self.runtime,
+            team_size=team,
+            team_source=source,
+            site_cpu=site_cpu,
+            site_stacks=site_stacks,
+            python_threads=python_threads,
+            other_threads=others,
+        )
+        self._cpu, self._process_cpu, self._regions, self._last_s = cpu, process_cpu, regions, now
+        self._stacks = {i: c.region_ns for i, (c, _) in stacks.items()}
+        return window
+
+    def close(self) -> None:
+        self.probe.close()
+
+
+def site_key(frames: tuple[PyFrameInfo, ...]) -> SiteKey:
+    inner = frames[-1]
+    op, _ = _resolve_op(Counter(), [], inner.code)
+    return SiteKey(f"{inner.file}:{inner.line}", inner.function, op or "")
