@@ -30,7 +30,6 @@ from .records import PyFrame, PySpySpans, SchedData
 ALIGN_TOLERANCE_NS = 3_000_000
 # A --nonblocking sample is read without stopping the thread: its stamp is close to its time.
 NONBLOCKING_TOLERANCE_NS = 500_000
-METHOD_CALL = re.compile(r"\.(\w+)\(")
 
 
 @dataclass(frozen=True)
@@ -152,12 +151,27 @@ def _resolve_op(
         if kernel in KERNEL_OPS:
             return KERNEL_OPS[kernel], f"worker kernel {kernel}"
     if code:
-        # In a chain such as torch.frombuffer(buf).copy_(src) the last call is the one that
-        # runs on the tensor the others built.
-        calls = METHOD_CALL.findall(code)
+        # In a chain such as torch.frombuffer(buf).copy_(src.reshape(-1)) the last call outside
+        # any argument list is the one that runs on the tensor the others built.
+        calls = outer_calls(code)
         if calls:
             return f"aten::{calls[-1]}", "source line"
     return None, "unknown"
+
+
+def outer_calls(code: str) -> list[str]:
+    """Method names called at the line's top level (not inside another call's arguments)."""
+    calls, depth = [], 0
+    for match in re.finditer(r"\.(\w+)\(|[()]", code):
+        if match.group(1) is not None:
+            if depth == 0:
+                calls.append(match.group(1))
+            depth += 1
+        elif match.group(0) == "(":
+            depth += 1
+        else:
+            depth = max(0, depth - 1)
+    return calls
 
 
 def attribute(

@@ -92,8 +92,13 @@ class RegionProbe:
         bpf = self.bpf
         if bpf is None:
             return 0
+        c = self._collector
+        assert c is not None
+        # The OpenMP copies' regions: an OpenBLAS pool's are counted apart by the collector.
+        copies = [int(r["index"]) for r in c.probed_runtimes if r["pool"] == "openmp"]  # type: ignore[call-overload]
         try:
-            return int(bpf["entry_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+            table = bpf["runtime_entries"]  # type: ignore[index]
+            return sum(int(table[ctypes.c_int(i)].value) for i in copies)
         except Exception:
             return 0
 
