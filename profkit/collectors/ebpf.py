@@ -546,6 +546,10 @@ def _read_log(bpf: object, log_name: str, count: int, lost: dict[str, int], whic
     lost[which] += max(0, count - capacity)
     if used <= 0 or capacity <= 1:
         return []
+    # A batch lookup copies the whole array, used or not: for a log mostly empty, one lookup
+    # per used entry is cheaper.
+    if used < capacity // 8:
+        return [(i, log[ctypes.c_int(i)]) for i in range(used)]
     try:
         entries = [(k.value, v) for k, v in log.items_lookup_batch()]
     except Exception:  # kernels without batch lookups: one lookup per entry
