@@ -45,10 +45,8 @@ from .startup import (
 )
 from .target import Target, ensure_same, pool_threads
 
+# Start order: the slow eBPF compile first, so that it does not eat into the window.
 ALL_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
-# Start order: perf first, so that its start-up (reading every process's maps) is over while
-# the eBPF program compiles and the window need not wait for it; py-spy last.
-START_ORDER = ("perf_record", "perf_stat", "ebpf", "proc", "cgroup", "pyspy")
 # perf stat repeats what /proc and eBPF already count, at a cost (docs/collectors.md): opt-in.
 # py-spy stops the target per sample: it joins the default set only where the eBPF walker
 # cannot read the target's Python stacks (plan_collectors).
@@ -290,7 +288,7 @@ def _start_collectors(
     results: dict[str, CollectorResult],
     running: dict[str, Collector],
 ) -> dict[str, Collector]:
-    for name in START_ORDER:
+    for name in ALL_COLLECTORS:
         if name not in request.collectors:
             results[name] = CollectorResult(
                 name, "skipped", "not in this capture's set (--collectors adds it)"
