@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from profkit.analysis.attribution import expand_samples, stack_info  # noqa: E402
-from profkit.analysis.records import load_bundle  # noqa: E402
+from profkit.bundle.read import load_bundle  # noqa: E402
 
 
 def offsets(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

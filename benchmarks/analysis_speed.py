@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from profkit.analysis.pipeline import analyse_bundle  # noqa: E402
 from profkit.analysis.stacks import build  # noqa: E402
-from profkit.collectors.perfrecord import parse_script  # noqa: E402
+from profkit.capture.collectors.perfrecord import parse_script  # noqa: E402
 from profkit.render.flame_svg import render_svg  # noqa: E402
 
 SOURCE = ROOT / "tests/data/fanout_quota"

@@ -5,7 +5,7 @@
 This process copies a 256-KB tensor in a loop (one parallel region per copy, a few us each) and
 alternates bare windows with windows where profkit's region program is attached to itself, for
 each probe layout: the symbol and its `ret`s (the old way), and the points
-profkit/probe_points.py chooses, without and with the Python stack walker (the copies run
+profkit.capture.ebpf.probe_points chooses, without and with the Python stack walker (the copies run
 --depth Python frames deep). Prints the time per copy and the added time per region.
 """
 
@@ -22,13 +22,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profkit.bccload import load_bcc
-from profkit.collectors.ebpf import OpenMPProgram
-from profkit.collectors.pywalk import compile_flags
-from profkit.probe_points import entry_point, gomp_region_end
-from profkit.pyruntime import detect, thread_states
-from profkit.returns import return_sites
-from profkit.target import Runtime
+from profkit.capture.ebpf.collector import OpenMPProgram
+from profkit.capture.ebpf.loader import load_bcc
+from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
+from profkit.capture.ebpf.pywalk import compile_flags
+from profkit.capture.ebpf.returns import return_sites
+from profkit.host.pyruntime import detect, thread_states
+from profkit.host.target import Runtime
 
 
 def copies_per_s(

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from profkit.sandbox import QuotaGroup, quota_group  # noqa: E402
+from profkit.host.sandbox import QuotaGroup, quota_group  # noqa: E402
 
 PROGRESS = re.compile(r"^progress copies=(\d+) t_ns=(\d+)")
 

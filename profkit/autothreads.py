@@ -11,8 +11,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .cgroup import cpu_cgroup, recommended_threads
 from .errors import CgroupError
+from .host.cgroup import cpu_cgroup, recommended_threads
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from profkit.errors import CgroupError  # noqa: E402
-from profkit.sandbox import QuotaGroup, quota_group  # noqa: E402
+from profkit.host.sandbox import QuotaGroup, quota_group  # noqa: E402
 
 
 def profkit(*args: str) -> int:

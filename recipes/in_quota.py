@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from profkit.errors import ProfkitError
-from profkit.sandbox import run_in_quota
+from profkit.host.sandbox import run_in_quota
 
 
 def main(argv: list[str] | None = None) -> int:

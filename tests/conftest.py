@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from profkit import procfs
-from profkit.sandbox import QuotaGroup, quota_group
+from profkit.host import procfs
+from profkit.host.sandbox import QuotaGroup, quota_group
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"

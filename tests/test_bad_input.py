@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from profkit import target as target_module
 from profkit.errors import (
     EXIT_CAPABILITY,
     EXIT_NO_SUCH_PROCESS,
@@ -20,6 +19,7 @@ from profkit.errors import (
     EXIT_PERMISSION,
     EXIT_USAGE,
 )
+from profkit.host import target as target_module
 
 from .conftest import ROOT, needs_root
 
@@ -58,7 +58,6 @@ def readable_copy(into: Path) -> Path:
             shutil.copytree(root, into / root.name, ignore=shutil.ignore_patterns("__pycache__"))
         elif root.suffix in (".py", ".so"):
             shutil.copy2(root, into / root.name)
-    shutil.copytree(ROOT / "probes", into / "profkit" / "probes", dirs_exist_ok=True)
     for dist in site.glob("*.dist-info"):  # importlib.metadata reads versions from these
         shutil.copytree(dist, into / dist.name)
     for path in [into, *into.rglob("*")]:

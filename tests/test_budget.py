@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from profkit.budget import (
+from profkit.capture.budget import (
     FIXED_SHARE,
     HANG_S,
     PYSPY_CPU_S_PER_THREAD,

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from profkit import procfs
-from profkit.analysis.records import load_bundle
-from profkit.budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE
-from profkit.startup import LONG_STOP_S
+from profkit.bundle.read import load_bundle
+from profkit.capture.budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE
+from profkit.capture.startup import LONG_STOP_S
+from profkit.host import procfs
 
 from .conftest import ROOT, attach, needs_root, run_profkit
 
@@ -419,9 +419,9 @@ def test_a_flood_of_small_regions_detaches_the_region_probes(start_recipe, tmp_p
 
 
 def test_fast_demangling_names_every_frame_as_perf_does(start_recipe, tmp_path: Path) -> None:
-    from profkit import demangle
-    from profkit.collectors.perfrecord import parse_script, rename_frames
-    from profkit.tools import find_binary
+    from profkit.capture import demangle
+    from profkit.capture.collectors.perfrecord import parse_script, rename_frames
+    from profkit.host.tools import find_binary
 
     perf = find_binary("perf")
     if perf is None or not demangle.available():

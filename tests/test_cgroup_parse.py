@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from profkit import cgroup
 from profkit.errors import CgroupError
+from profkit.host import cgroup
 
 V1_MOUNTINFO = """\
 30 25 0:26 / /sys/fs/cgroup/cpu rw,nosuid - cgroup cgroup rw,cpu

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from profkit.analysis.cpu import cpu_window
-from profkit.analysis.records import ProcSeries
+from profkit.bundle.read import ProcSeries
 
 S = 1_000_000_000
 MAIN, WORKER = 100, 101

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from profkit import capabilities, tools
-from profkit.capabilities import MISSING, OK, UNSUPPORTED
+from profkit.host import capabilities, tools
+from profkit.host.capabilities import MISSING, OK, UNSUPPORTED
 
 from .conftest import run_profkit
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from profkit import procfs
 from profkit.errors import (
     EXIT_BAD_BUNDLE,
     EXIT_BUSY,
@@ -26,6 +25,7 @@ from profkit.errors import (
     EXIT_PERMISSION,
     EXIT_USAGE,
 )
+from profkit.host import procfs
 
 from .conftest import ROOT, needs_root
 from .test_bad_input import NOBODY, SYSTEM_PYTHON, one_line
@@ -349,7 +349,7 @@ def test_run_with_a_bad_number_never_starts_the_command(tmp_path: Path) -> None:
 # look at the target raises, as a bug in any code the window runs would.
 INJECT_FAULT = """
 import sys
-from profkit import capture
+from profkit.capture import session as capture
 calls = []
 real = capture.target_state
 def failing(target):
@@ -777,7 +777,7 @@ def test_a_user_profiling_their_own_process_runs_what_they_may(shared_dir: Path)
 def test_cleanup_after_a_dead_capture_touches_only_an_unfinished_bundle(
     status: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from profkit import runs
+    from profkit.capture import runs
 
     monkeypatch.setattr(runs, "RUN_DIR", tmp_path / "run")
     bundle = tmp_path / "bundle"
@@ -813,8 +813,8 @@ def test_cleanup_after_a_dead_capture_touches_only_an_unfinished_bundle(
 
 @apply(needs_other_user)
 def test_a_perf_the_kernel_refuses_reads_as_permission_denied(shared_dir: Path) -> None:
-    from profkit.collectors.perfrecord import failure_reason
-    from profkit.tools import find_tool
+    from profkit.capture.collectors.perfrecord import failure_reason
+    from profkit.host.tools import find_tool
 
     perf = find_tool("perf").path
     paranoid = int(Path("/proc/sys/kernel/perf_event_paranoid").read_text())

@@ -31,8 +31,8 @@ def test_wheel_contains_probes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     wheel = next(tmp_path.glob("profkit-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    probes = sorted(p.name for p in (ROOT / "probes").glob("*.bpf.c"))
+    probes = sorted(p.name for p in (ROOT / "profkit/capture/ebpf/probes").glob("*.bpf.c"))
     assert probes, "the project has eBPF programs to ship"
     for probe in probes:
-        assert f"profkit/probes/{probe}" in names
+        assert f"profkit/capture/ebpf/probes/{probe}" in names
     assert "profkit/cli.py" in names and "profkit/commands/doctor.py" in names

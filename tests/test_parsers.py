@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from profkit import demangle
-from profkit.collectors.perfrecord import parse_script, rename_frames
-from profkit.collectors.perfstat import parse_interval_csv
-from profkit.collectors.pyspy import normalise
+from profkit.capture import demangle
+from profkit.capture.collectors.perfrecord import parse_script, rename_frames
+from profkit.capture.collectors.perfstat import parse_interval_csv
+from profkit.capture.collectors.pyspy import normalise
 
 from .conftest import DATA
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from profkit import probe_points, returns
+from profkit.capture.ebpf import probe_points, returns
 
 torch = pytest.importorskip("torch")
 LIBGOMP = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
@@ -80,7 +80,7 @@ def test_probe_cost_benchmark_prints_every_layout() -> None:
     import subprocess
     import sys
 
-    from profkit.bccload import BccUnavailable, load_bcc
+    from profkit.capture.ebpf.loader import BccUnavailable, load_bcc
 
     if os.geteuid() != 0:
         pytest.skip("needs root to load BPF programs")

@@ -1,4 +1,4 @@
-"""profkit.pyruntime: CPython layouts, thread states, frame walks and line tables.
+"""profkit.host.pyruntime: CPython layouts, thread states, frame walks and line tables.
 
 Live tests start tests/pyruntime_target.py under each interpreter found on the machine and read
 it from outside, comparing with what the target's own interpreter reports.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from profkit.pyruntime import (
+from profkit.host.pyruntime import (
     CodeInfo,
     CodeResolver,
     Layout,
@@ -32,8 +32,8 @@ from profkit.pyruntime import (
     thread_states,
     walk,
 )
-from profkit.pyruntime.linetable import iter_entries_311, iter_ranges_310, line_for
-from profkit.pyruntime.memory import ProcessMemory
+from profkit.host.pyruntime.linetable import iter_entries_311, iter_ranges_310, line_for
+from profkit.host.pyruntime.memory import ProcessMemory
 
 TARGET = Path(__file__).resolve().parent / "pyruntime_target.py"
 PYENV = Path("/root/.pyenv/versions")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from profkit import cgroup
-from profkit.quota_report import diagnose
+from profkit.host import cgroup
+from profkit.host.quota import diagnose
 
 from .conftest import needs_root, run_profkit
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from profkit import returns
+from profkit.capture.ebpf import returns
 
 torch = pytest.importorskip("torch")
 LIBGOMP = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))

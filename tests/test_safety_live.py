@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profkit import procfs
+from profkit.host import procfs
 
 from .conftest import ROOT, Recipe, needs_root, run_profkit
 
@@ -269,7 +269,7 @@ def test_reused_pid_is_refused_at_capture(start_recipe, tmp_path: Path) -> None:
 
     from profkit.commands.attach import run_capture
     from profkit.errors import TargetChanged
-    from profkit.target import inspect
+    from profkit.host.target import inspect
 
     recipe = start_recipe("shm_fanout.py", "--threads", "2")
     stale = dataclasses.replace(inspect(recipe.pid), start_ticks=1)

@@ -155,7 +155,7 @@ def test_config_file_loads() -> None:
 
 @needs_root()
 def test_run_cap_threads_sets_the_pool_from_the_quota(start_recipe, tmp_path: Path) -> None:
-    from profkit.sandbox import quota_group
+    from profkit.host.sandbox import quota_group
 
     script = (
         "import os, time, torch\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from profkit.startup import cpu_spent_by_tool
+from profkit.capture.startup import cpu_spent_by_tool
 
 
 def test_cpu_is_split_by_tool_name() -> None:

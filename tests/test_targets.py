@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from profkit import procfs, target
 from profkit.errors import (
     EXIT_NO_SUCH_PROCESS,
     EXIT_NOT_PYTHON,
@@ -17,6 +16,7 @@ from profkit.errors import (
     EXIT_USAGE,
     TargetChanged,
 )
+from profkit.host import procfs, target
 
 from .conftest import run_profkit
 

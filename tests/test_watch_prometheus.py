@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from profkit.autothreads import THREAD_VARIABLES
-from profkit.cgroup import parse_cpu_stat, recommended_threads
+from profkit.host.cgroup import parse_cpu_stat, recommended_threads
 
 from .conftest import RECIPES, _start, needs_root
 from .watch_support import (

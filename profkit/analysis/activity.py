@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bundle.read import PerfSamples
 from .frames import KERNEL_DSO, OPENMP_DSOS, OPENMP_WAIT, aten_kernel, kernel_kind
-from .records import PerfSamples
 
 WORK, SPIN, KERNEL, OTHER = "work", "spin", "kernel", "other"
 

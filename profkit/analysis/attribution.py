@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bundle.read import PyFrame, PySpySpans, SchedData
 from .frames import KERNEL_OPS, aten_op, is_openmp_frame
-from .records import PyFrame, PySpySpans, SchedData
 
 # py-spy stamps a sample after unwinding it, a little after the moment the thread was stopped.
 ALIGN_TOLERANCE_NS = 3_000_000

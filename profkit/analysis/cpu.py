@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .records import ProcSeries
+from ..bundle.read import ProcSeries
 
 
 @dataclass(frozen=True)

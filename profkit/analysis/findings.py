@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from .activity import Activity
 from .attribution import Attribution
-from .quota import QuotaUse
 from .reconcile import Reconciliation
 from .roles import Pool
+from .throttling import QuotaUse
 
 # A pool is a fan-out problem when its workers burn a real share of the process's CPU.
 FANOUT_MIN_CORES = 0.05

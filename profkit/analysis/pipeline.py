@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bundle.read import Bundle, load_bundle
 from ..errors import BadBundle
 from .activity import Activity, pool_activity
 from .attribution import Attribution, attribute
 from .cpu import CpuWindow, cpu_window
 from .findings import Finding, blind_spot, fanout, oversubscription, sort_findings, spin
-from .quota import QuotaUse, quota_use
 from .reconcile import Reconciliation, reconcile
-from .records import Bundle, load_bundle
 from .roles import Pool, ThreadRole, classify
+from .throttling import QuotaUse, quota_use
 
 
 @dataclass(frozen=True)

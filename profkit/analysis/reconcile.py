@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bundle.read import PerfSamples, PySpySpans
 from .attribution import expand_weighted, span_sample_counts
 from .cpu import CpuWindow
-from .records import PerfSamples, PySpySpans
 from .roles import OTHER, PYTHON, WORKER, ThreadRole
 
 IDLE_LEAF = re.compile(

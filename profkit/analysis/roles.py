@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bundle.read import Bundle
 from .frames import ATEN_PARALLEL, OPENMP_DSOS, OPENMP_WAIT, POOL_DSOS
-from .records import Bundle
 
 PYTHON, WORKER, OTHER = "python", "pool-worker", "other"
 # A thread woken this often by a Python thread, and never seen running Python, serves it.

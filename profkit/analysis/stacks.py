@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bundle.read import Frame, PerfSamples, PySpySpans
 from .attribution import expand_weighted
 from .frames import KERNEL_DSO, OPENMP_DSOS, OPENMP_WAIT, aten_kernel
 from .pipeline import Report
 from .reconcile import IDLE_LEAF
-from .records import Frame, PerfSamples, PySpySpans
 
 PYTHON, NATIVE, KERNEL, RUNTIME, WORK, SYNTHETIC = (
     "python",

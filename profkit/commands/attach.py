@@ -7,15 +7,15 @@ from pathlib import Path
 
 import click
 
-from ..budget import Budget, auto_mode, default_rate, pyspy_stop_share
-from ..bundle import default_directory
-from ..capture import CaptureRequest, capture, plan_collectors, progress_printer
-from ..cgroup import CgroupError, cpu_cgroup
-from ..collectors.ebpf import EbpfCollector
+from ..bundle.write import default_directory
+from ..capture.budget import Budget, auto_mode, default_rate, pyspy_stop_share
+from ..capture.ebpf.collector import EbpfCollector
+from ..capture.runs import clean_stale
+from ..capture.session import CaptureRequest, capture, plan_collectors, progress_printer
+from ..capture.unprivileged import cannot_run
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, PermissionDenied, UsageError
-from ..runs import clean_stale
-from ..target import Target, inspect
-from ..unprivileged import cannot_run
+from ..host.cgroup import CgroupError, cpu_cgroup
+from ..host.target import Target, inspect
 from .options import capture_options, pid_option
 from .summary import print_outcome
 

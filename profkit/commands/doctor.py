@@ -6,8 +6,8 @@ import json
 
 import click
 
-from ..capabilities import run_checks
 from ..errors import EXIT_CAPABILITY, EXIT_OK
+from ..host.capabilities import run_checks
 from ..render.table import table
 from .options import json_option
 

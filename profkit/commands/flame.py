@@ -8,9 +8,9 @@ import click
 
 from ..analysis.pipeline import analyse_bundle
 from ..analysis.stacks import VIEWS, build
+from ..bundle.safefile import replace_file
 from ..errors import OutputError
 from ..render.flame_svg import render_svg
-from ..safefile import replace_file
 from .options import mode_option
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..bundle import check_output
-from ..capture import parse_collectors
+from ..bundle.write import check_output
+from ..capture.session import parse_collectors
 from ..errors import UsageError
 
 

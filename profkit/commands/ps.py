@@ -6,10 +6,10 @@ import json
 
 import click
 
-from ..cgroup import cpu_cgroup
 from ..errors import CgroupError
+from ..host.cgroup import cpu_cgroup
+from ..host.target import Target, pool_threads, python_processes
 from ..render.table import table
-from ..target import Target, pool_threads, python_processes
 from .options import json_option
 
 

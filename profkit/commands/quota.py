@@ -6,10 +6,10 @@ import json
 
 import click
 
-from ..cgroup import cpu_cgroup, measure
 from ..errors import UsageError
-from ..quota_report import QuotaDiagnosis, diagnose
-from ..target import ensure_same, inspect, pool_threads
+from ..host.cgroup import cpu_cgroup, measure
+from ..host.quota import QuotaDiagnosis, diagnose
+from ..host.target import ensure_same, inspect, pool_threads
 from .options import Number, json_option, pid_option
 
 

@@ -11,7 +11,7 @@ import click
 
 from ..autothreads import environment
 from ..errors import CaptureFailed, UsageError
-from ..target import inspect
+from ..host.target import inspect
 from .attach import run_capture
 from .options import Number, capture_options
 

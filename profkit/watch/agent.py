@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..cgroup import CgroupCpu, CpuStat, cpu_cgroup, read_cpu_stat
 from ..errors import CgroupError, ListenError, NoSuchProcess, NotPythonTarget, PermissionDenied
-from ..target import inspect
+from ..host.cgroup import CgroupCpu, CpuStat, cpu_cgroup, read_cpu_stat
+from ..host.target import inspect
 from .discover import Candidate, Identity, candidates
 from .labels import labels_of
 from .metrics import AgentCounters, Snapshot, WatchCollector

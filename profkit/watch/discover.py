@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import procfs
-from ..cgroup import parse_proc_cgroup
+from ..host import procfs
+from ..host.cgroup import parse_proc_cgroup
 from .options import Selectors
 
 Identity = tuple[int, int]  # pid, start ticks

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .. import procfs
-from ..cgroup import parse_proc_cgroup
+from ..host import procfs
+from ..host.cgroup import parse_proc_cgroup
 
 # Pod UIDs in cgroup paths, as the systemd driver (underscores) and cgroupfs write them.
 POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")

@@ -1,6 +1,7 @@
 """The OpenMP region probe and Python stack walker of one process, kept loaded and read
 cumulatively: regions entered, and regions and region time per Python stack, all counted in the
-kernel (probes/openmp.bpf.c), so that reading them once an interval costs one map walk.
+kernel (capture/ebpf/probes/openmp.bpf.c), so that reading them once an interval costs one
+map walk.
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ import contextlib
 import ctypes
 from dataclasses import dataclass
 
-from ..bccload import BccUnavailable, load_bcc
-from ..collectors.ebpf import EbpfCollector
-from ..collectors.pywalk import SHIM_FRAME, SourceLines, resolve_frame
-from ..pyruntime import CodeResolver, PyRuntimeUnsupported
-from ..pyruntime import thread_states as read_thread_states
-from ..target import Target
+from ..capture.ebpf.collector import EbpfCollector
+from ..capture.ebpf.loader import BccUnavailable, load_bcc
+from ..capture.ebpf.pywalk import SHIM_FRAME, SourceLines, resolve_frame
+from ..host.pyruntime import CodeResolver, PyRuntimeUnsupported
+from ..host.pyruntime import thread_states as read_thread_states
+from ..host.target import Target
 
 
 @dataclass(frozen=True)

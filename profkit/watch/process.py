@@ -16,10 +16,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .. import procfs
 from ..analysis.attribution import _resolve_op
 from ..errors import ProfkitError
-from ..target import Target, inspect, pool_threads
+from ..host import procfs
+from ..host.target import Target, inspect, pool_threads
 from .probe import NoProbe, PyFrameInfo, RegionProbe
 
 POOL_NAME = {"libgomp": "openmp", "libiomp5": "openmp"}

@@ -18,8 +18,8 @@ from ..analysis.findings import (
     Finding,
     oversubscription,
 )
-from ..analysis.quota import QuotaUse
-from ..cgroup import CgroupCpu, CpuStat, recommended_threads
+from ..analysis.throttling import QuotaUse
+from ..host.cgroup import CgroupCpu, CpuStat, recommended_threads
 from .probe import PyFrameInfo
 from .process import ProcessWindow, SiteKey
 

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from profkit.errors import CgroupError  # noqa: E402
-from profkit.sandbox import quota_group  # noqa: E402
+from profkit.host.sandbox import quota_group  # noqa: E402
 from recipes.mm_serving.load import run_load  # noqa: E402
 
 

@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from profkit.sandbox import quota_group  # noqa: E402
+from profkit.host.sandbox import quota_group  # noqa: E402
 
 CASES = {
     "fanout_quota": (["recipes/shm_fanout.py", "--copy", "torch", "--threads", "8"], 0.5),

@@ -1,0 +1,240 @@
+"""Keep the capture inside its overhead budget while it runs, and say what was given up.
+
+Two costs are watched. The target's: py-spy `--native` ptrace-stops every thread per sample,
+and the /proc sampler sees those stops as thread state `t`; the share of thread samples in that
+state is the share of the target's time spent stopped. The machine's: CPU used by profkit and
+its child tools, read from /proc. Before the capture, the budget is shared out among the costs
+that settings control (py-spy's rate and mode, the region probes, the scheduler tracepoints).
+During it, a target stopped too much has py-spy restarted --nonblocking (then stopped), and
+tools using too much CPU lose the costliest collector.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..host import procfs
+
+TRACED_STATES = (ord("t"), ord("T"))
+
+
+# py-spy --native stops every thread for each sample, and a synchronised pool loses the whole
+# pause. How long one sample holds the target, fitted to stop times measured with a 0.3-ms
+# /proc poll: 2 cores, 9 threads 1.4 ms and 65 threads 12 ms; 16 cores, 17 threads 10.4 ms
+# (median). Stopping a thread that runs on another CPU costs more than one that waits.
+NATIVE_STOP_S_PER_THREAD = 0.17e-3
+NATIVE_STOP_S_PER_RUNNING_THREAD = 0.47e-3
+MAX_DEFAULT_RATE_HZ = 10
+
+
+def native_sample_cost_s(threads: int, cpus: float) -> float:
+    """Expected time one --native sample holds the target stopped."""
+    threads = max(1, threads)
+    running = min(threads, max(1.0, cpus))
+    return threads * NATIVE_STOP_S_PER_THREAD + running * NATIVE_STOP_S_PER_RUNNING_THREAD
+
+
+# py-spy's own CPU per sample per thread of the target, from profkit's window CPU with py-spy
+# alone on 2 cores: --nonblocking at 10 Hz, 66-72 threads, 0.016-0.028 cores (25-40 us);
+# --native at 5 Hz, ~15 threads, 0.010-0.016 cores (130-210 us: it unwinds native stacks).
+PYSPY_CPU_S_PER_THREAD = {"native": 150e-6, "nonblocking": 30e-6}
+# The budget is for the whole capture, so each cost that a setting controls gets a part of it,
+# and the parts add up to the whole: py-spy's stops (the largest: a synchronised pool loses the
+# whole pause), py-spy's own CPU (on a saturated machine, CPU the target does not get), the
+# OpenMP region probes' traps, the scheduler tracepoints, and a part that no setting changes
+# (the /proc and cgroup samplers, perf record at 49 Hz, profkit's own loop: 3.3 ms of CPU a
+# second on the serving recipe, 0.17% of 2 CPUs). Aiming py-spy at the whole budget left the
+# serving recipe 5% slower with the default set; with each collector judged against the whole
+# budget, the parts could add up to twice it.
+PYSPY_STOP_SHARE = 0.35
+PYSPY_CPU_SHARE = 0.15
+REGION_PROBE_SHARE = 0.15
+SCHED_TRACE_SHARE = 0.2
+FIXED_SHARE = 0.15
+
+
+def pyspy_stop_share(probes: bool) -> float:
+    """py-spy's part of the budget for its stops. Without the eBPF probes (no bcc, or not
+    requested) their parts are free, and the stops may have them: native frames are what
+    places the pool's work under its Python call site when no region probe does."""
+    return PYSPY_STOP_SHARE + (0.0 if probes else REGION_PROBE_SHARE + SCHED_TRACE_SHARE)
+
+
+def default_rate(
+    threads: int,
+    budget_share: float,
+    mode: str = "native",
+    cpus: float = 1.0,
+    stop_share: float = PYSPY_STOP_SHARE,
+) -> int:
+    """The py-spy rate whose expected pauses and CPU fit their parts of the budget, 1 to 10 Hz."""
+    threads = max(1, threads)
+    by_cpu = (
+        PYSPY_CPU_SHARE
+        * budget_share
+        * max(1.0, cpus)
+        / (threads * PYSPY_CPU_S_PER_THREAD.get(mode, PYSPY_CPU_S_PER_THREAD["native"]))
+    )
+    fits = by_cpu
+    if mode == "native":
+        fits = min(fits, stop_share * budget_share / native_sample_cost_s(threads, cpus))
+    return max(1, min(MAX_DEFAULT_RATE_HZ, int(fits)))
+
+
+def auto_mode(
+    threads: int, budget_share: float, cpus: float, stop_share: float = PYSPY_STOP_SHARE
+) -> tuple[str, str]:
+    """--native where even its slowest rate (1 Hz) fits the stops' part of the budget, else
+    --nonblocking; and why."""
+    cost = native_sample_cost_s(threads, cpus)
+    if cost <= stop_share * budget_share:
+        return "native", ""
+    return "nonblocking", (
+        f"--native would hold {threads} threads on {cpus:g} CPUs stopped ~{1000 * cost:.0f} ms "
+        f"per sample, {100 * cost:.1f}% of the time at 1 Hz, over the "
+        f"{100 * stop_share * budget_share:.2g}% part of the {100 * budget_share:g}% budget "
+        f"that py-spy's stops may take"
+    )
+
+
+# The scheduler tracepoints (sched_switch, sched_wakeup) run a BPF program on every context
+# switch and wakeup of the machine. Fitted to the overhead benchmark on 2 CPUs: about 3 us of
+# the target's throughput per switch per CPU (fan-out recipe, 64 threads, 9 800 switches per CPU
+# per second: 3.2%; serving recipe, 8 threads, 14 000: 8%).
+SCHED_TRACE_COST_S_PER_SWITCH = 3e-6
+
+
+def sched_trace_share(switches_per_s: float, cpus: int) -> float:
+    """Expected share of the target's throughput that tracing every switch costs."""
+    return switches_per_s / max(1, cpus) * SCHED_TRACE_COST_S_PER_SWITCH
+
+
+@dataclass(frozen=True)
+class Budget:
+    stopped_share: float = 0.02  # of the target's thread time spent ptrace-stopped
+    tool_cores: float = 0.5  # CPU of profkit and its tools together
+    window_s: float = 3.0  # the tools' CPU is judged over this much of the recent past
+    stop_window_s: float = 10.0  # the stops over this much: they are rare events, see below
+    settle_s: float = 1.5  # samples this soon after the start or a change are not judged
+
+
+# A /proc sample catches a py-spy stop only if it lands inside one, and at 5 Hz against a few
+# ms of stop every half second most samples miss: 15 samples (3 s) that hit one stop read as
+# 6.7% stopped where the truth was 0.8%, and py-spy was restarted --nonblocking in 3 of 20
+# windows of the overhead benchmark's serving recipe. So the judgement uses the lower bound of
+# a 95% Wilson interval over the sample instants (threads stop together, so instants, not
+# thread rows, are the independent draws), with at least a few of them.
+STOP_CONFIDENCE_Z = 1.96
+MIN_STOP_INSTANTS = 5
+# Consecutive stopped instants are one stop, not several draws: py-spy --native reads a
+# library's symbols the first time a sample lands in it, with the target stopped (0.2-0.3 s,
+# seen mid-window in 1 of 12 captures of the two-site recipe), and two or three 5-Hz samples
+# inside that one pause read as 29% stopped. A single pause this long is a cost paid once; one
+# of HANG_S or more is not py-spy sampling any more, and is acted on at once.
+HANG_S = 1.0
+
+
+@dataclass(frozen=True)
+class StopEstimate:
+    share: float  # of the sampled thread time in tracing stop
+    lower: float  # the share that the samples show with 95% confidence
+    instants: int
+    longest_s: float = 0.0  # the longest run of stopped instants, first to last
+
+
+def wilson_lower(hits: float, draws: int, z: float = STOP_CONFIDENCE_Z) -> float:
+    """Lower bound of the Wilson score interval for hits out of draws."""
+    if draws <= 0:
+        return 0.0
+    share = hits / draws
+    centre = share + z * z / (2 * draws)
+    margin = z * math.sqrt(share * (1 - share) / draws + z * z / (4 * draws * draws))
+    return max(0.0, (centre - margin) / (1 + z * z / draws))
+
+
+def _stop_episodes(instants: list[tuple[int, int, int]]) -> tuple[float, float]:
+    """Hits for the Wilson bound, one per run of consecutive stopped instants (the run's largest
+    stopped share), and the longest run's length in seconds."""
+    hits, longest_ns, run_share, run_start = 0.0, 0, 0.0, None
+    for t, total, stopped in [*instants, (0, 1, 0)]:  # a sentinel closes the last run
+        if stopped:
+            run_start = t if run_start is None else run_start
+            run_share = max(run_share, stopped / total)
+            longest_ns = max(longest_ns, t - run_start)
+        elif run_start is not None:
+            hits, run_share, run_start = hits + run_share, 0.0, None
+    return hits, longest_ns / 1e9
+
+
+@dataclass
+class Decision:
+    t_ns: int
+    action: str  # "reduce-rate", "drop"
+    collector: str
+    reason: str
+
+
+@dataclass
+class BudgetMonitor:
+    budget: Budget
+    started_ns: int
+    decisions: list[Decision] = field(default_factory=list)
+    _cpu: deque[tuple[int, float]] = field(default_factory=deque)
+    _last_change_ns: int = 0
+    _rows_seen: int = 0
+    _stops: deque[tuple[int, int, int]] = field(default_factory=deque)
+
+    def stopped_share(self, rows: list[tuple[int, ...]], now_ns: int) -> StopEstimate | None:
+        """How much of the target's thread time was in tracing stop lately (rows: /proc
+        sampler); None until there are enough sample instants to judge."""
+        fresh = rows[self._rows_seen :]
+        self._rows_seen = len(rows)
+        # py-spy holds the target stopped while it attaches; that start-up pause is over by the
+        # time the settle period ends, and judging the rate by it would punish every restart.
+        since = max(self.started_ns, self._last_change_ns) + int(self.budget.settle_s * 1e9)
+        by_time: dict[int, list[int]] = {}
+        for row in fresh:
+            if row[0] < since:
+                continue
+            counts = by_time.setdefault(row[0], [0, 0])
+            counts[0] += 1
+            counts[1] += row[5] in TRACED_STATES
+        for t, (total, stopped) in by_time.items():
+            self._stops.append((t, total, stopped))
+        horizon = now_ns - int(self.budget.stop_window_s * 1e9)
+        while self._stops and self._stops[0][0] < horizon:
+            self._stops.popleft()
+        if len(self._stops) < MIN_STOP_INSTANTS:
+            return None
+        share = sum(s[2] for s in self._stops) / sum(s[1] for s in self._stops)
+        hits, longest_s = _stop_episodes(list(self._stops))
+        instants = len(self._stops)
+        return StopEstimate(share, wilson_lower(hits, instants), instants, longest_s)
+
+    def tool_cores(self, pids: list[int], now_ns: int) -> float | None:
+        """CPU of profkit itself and its tools over the window, in cores."""
+        seconds = 0.0
+        for pid in pids:
+            try:
+                seconds += procfs.read_stat(pid).cpu_seconds
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        self._cpu.append((now_ns, seconds))
+        horizon = now_ns - int(self.budget.window_s * 1e9)
+        while len(self._cpu) > 2 and self._cpu[0][0] < horizon:
+            self._cpu.popleft()
+        (t0, s0), (t1, s1) = self._cpu[0], self._cpu[-1]
+        # Tools stopped since the window began make the sum drop: never report below zero.
+        return None if t1 - t0 < 1e9 else max(0.0, (s1 - s0) / ((t1 - t0) / 1e9))
+
+    def settled(self, now_ns: int) -> bool:
+        since = max(self.started_ns, self._last_change_ns)
+        return now_ns - since >= (self.budget.settle_s + 1.5) * 1e9
+
+    def record(self, now_ns: int, action: str, collector: str, reason: str) -> None:
+        self.decisions.append(Decision(now_ns, action, collector, reason))
+        self._last_change_ns = now_ns
+        self._stops.clear()
+        self._cpu.clear()

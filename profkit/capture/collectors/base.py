@@ -1,0 +1,57 @@
+"""The one small interface every collector implements, and what it reports when it stops."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from ...host.target import Target
+from ..clock import Clock
+
+
+@dataclass(frozen=True)
+class Availability:
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class CaptureContext:
+    target: Target
+    directory: Path  # the bundle directory; each collector writes its own files there
+    rate_hz: int
+    duration_s: float
+    clock: Clock
+    options: dict[str, str] = field(default_factory=dict)
+    # Every child tool's pid is recorded, so that a later run can clean up after a killed one.
+    register_child: Callable[[int], None] = lambda pid: None
+
+
+@dataclass(frozen=True)
+class CollectorResult:
+    name: str
+    status: str  # "ok", "partial", "failed", "unavailable", "skipped"
+    reason: str = ""
+    samples: int = 0
+    lost: int = 0
+    start_ns: int | None = None
+    end_ns: int | None = None
+    files: tuple[str, ...] = ()
+    notes: dict[str, object] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Collector(Protocol):
+    name: str
+
+    def available(self, target: Target) -> Availability: ...
+
+    def start(self, context: CaptureContext) -> None: ...
+
+    def stop(self) -> CollectorResult: ...
+
+    def progress(self) -> int:
+        """Samples so far, for the live display."""
+        ...

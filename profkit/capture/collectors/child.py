@@ -1,0 +1,109 @@
+"""External tools run as children: their own session, killed with profkit, under a watchdog.
+
+Tools are started through `sh` in the background with their own session, so that a Ctrl-C at
+the terminal reaches profkit only and profkit stops each tool in order (SIGINT lets py-spy and
+perf write their output). PR_SET_PDEATHSIG makes the kernel stop them if profkit dies outright.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import signal
+import time
+from pathlib import Path
+
+import sh
+
+from ...bundle.safefile import open_new
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _new_file(path: str, flags: int) -> int:
+    return open_new(path)
+
+
+def _die_with_parent() -> None:
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+class ChildTool:
+    """One running external tool with its output files."""
+
+    def __init__(
+        self,
+        name: str,
+        binary: str,
+        args: list[str],
+        directory: Path,
+        stdout_name: str | None = None,
+    ) -> None:
+        self.name = name
+        self.stdout_path = directory / (stdout_name or f"{name}.stdout")
+        self.stderr_path = directory / f"{name}.stderr"
+        self._stdout = open(self.stdout_path, "wb", opener=_new_file)  # noqa: SIM115 - closed in wait()
+        self._stderr = open(self.stderr_path, "wb", opener=_new_file)  # noqa: SIM115
+        self.started_ns = time.monotonic_ns()
+        # Arguments are passed as a list, never through a shell.
+        self._running = sh.Command(binary)(
+            *args,
+            _bg=True,
+            _bg_exc=False,
+            _out=self._stdout,
+            _err=self._stderr,
+            _new_session=True,
+            # The bundle directory: /proc/PID/cwd then names it, for anyone looking for the
+            # tools a capture left (their output paths go through profkit's descriptor).
+            _cwd=str(directory),
+            _preexec_fn=_die_with_parent,
+            _ok_code=list(range(256)),
+        )
+        self.pid: int = self._running.pid
+        self.exit_code: int | None = None
+        self.signals_sent: list[str] = []
+
+    def alive(self) -> bool:
+        return self._running.process.is_alive()[0]
+
+    def signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            self._running.signal(sig)
+            self.signals_sent.append(sig.name)
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self._running.wait(timeout=timeout)
+        except sh.TimeoutException:
+            return False
+        except sh.ErrorReturnCode:
+            pass  # ended by a signal: sh reports that as an error, profkit as an exit code
+        self._finish()
+        return True
+
+    def stop(self, grace_s: float = 3.0) -> int | None:
+        """SIGINT, then SIGTERM, then SIGKILL: each tool gets the chance to write its output."""
+        for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 1.0), (signal.SIGKILL, 2.0)):
+            if not self.alive():
+                break
+            self.signal(sig)
+            if self.wait(wait_s):
+                break
+        self._finish()
+        return self.exit_code
+
+    def _finish(self) -> None:
+        if self.exit_code is None and not self.alive():
+            with contextlib.suppress(Exception):
+                self._running.wait(timeout=1)
+            self.exit_code = self._running.process.exit_code
+        for handle in (self._stdout, self._stderr):
+            with contextlib.suppress(OSError):
+                handle.close()
+
+    def stderr_text(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return ""

@@ -1,0 +1,557 @@
+"""eBPF (bcc): scheduler slices, wakeups and OpenMP parallel regions of the target.
+
+The programs live in probes/*.bpf.c and ship inside the wheel as profkit.probes. Each is wrapped
+in a small class that renders its source for one target, so templating is tested without root.
+Probes are attached with pid=TARGET only, and detached by BPF.cleanup() on every exit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+
+from ...bundle.safefile import write_new
+from ...host import procfs
+from ...host.target import Runtime, Target
+from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
+from ..clock import Clock
+from ..collectors.base import Availability, CaptureContext, CollectorResult
+from .loader import BccUnavailable, load_bcc
+from .pywalk import PythonWalker
+from .regions import RuntimeProbes, find_probes, handler_source, probeable
+
+NORMALISED_FILE = "ebpf.json"
+# What the Python stack walker adds to a region's entry trap, measured with
+# benchmarks/probe_cost.py (docs/results/2core-probe-cost-walker.txt).
+WALKER_HIT_S = 1.4e-6
+# The walker's on-CPU sampling rate, per CPU: a prime off the timer ticks (as perf's 49 and 99),
+# and cheap since every other process's sample returns at the first test.
+PYTHON_SAMPLE_HZ = 49
+
+
+def probe_source(name: str) -> str:
+    return resources.files(__package__ + ".probes").joinpath(name).read_text()
+
+
+@dataclass(frozen=True)
+class SchedProgram:
+    tgid: int
+    slice_capacity: int = 1 << 19  # about 12 MiB of kernel memory; 1 turns the log off
+
+    def source(self) -> str:
+        text = probe_source("sched.bpf.c")
+        return text.replace("TARGET_TGID", str(self.tgid)).replace(
+            "SLICE_CAPACITY", str(max(1, self.slice_capacity))
+        )
+
+
+@dataclass(frozen=True)
+class OpenMPProgram:
+    """The target's process program: the Python stack walker and its on-CPU sampler
+    (probes/pystack.bpf.c, active when compiled with the walker's flags) and the region probes
+    of every pool runtime copy it maps (probes/openmp.bpf.c, one entry handler per copy),
+    compiled as one."""
+
+    runtimes: tuple[Runtime, ...] = ()
+    tgid: int = 0
+    region_capacity: int = 1 << 18  # 10 MiB of kernel memory: 2.5 min at 1 700 regions/s
+    sample_capacity: int = 1 << 17  # 3 MiB: 22 min of two CPUs sampled at PYTHON_SAMPLE_HZ
+    # The scheduler tracepoints (probes/sched.bpf.c) in the same program, when traced: with the
+    # walker they read each Python thread's stack as it leaves the CPU.
+    sched: SchedProgram | None = None
+
+    def source(self) -> str:
+        walker = (
+            probe_source("pystack.bpf.c")
+            .replace("TARGET_TGID", str(self.tgid))
+            .replace("SAMPLE_CAPACITY", str(self.sample_capacity))
+        )
+        regions = probe_source("openmp.bpf.c").replace("REGION_CAPACITY", str(self.region_capacity))
+        sched = self.sched.source() if self.sched is not None else ""
+        return walker + regions + handler_source(list(self.runtimes)) + sched
+
+
+def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) -> dict[str, object]:
+    """Whether to trace the scheduler: its tracepoints run on every context switch of the
+    machine, so on a busy one they cost more than their share of the budget
+    (docs/collectors.md)."""
+    setting = context.options.get("ebpf_sched", "auto")
+    if setting != "auto":
+        return {
+            "traced": setting == "on",
+            "setting": setting,
+            "reason": "" if setting == "on" else "scheduler tracepoints off (--ebpf-sched off)",
+        }
+    budget = SCHED_TRACE_SHARE * float(context.options.get("overhead_budget", "0.02"))
+    rate = (switches or SwitchRate(context.clock)).rate()
+    share = sched_trace_share(rate, os.cpu_count() or 1)
+    decision: dict[str, object] = {
+        "traced": share <= budget,
+        "setting": "auto",
+        "switches_per_s": round(rate),
+        "expected_share": share,
+    }
+    decision["reason"] = (
+        ""
+        if share <= budget
+        else (
+            f"scheduler tracepoints skipped: the machine switches {rate:,.0f} times a second on "
+            f"{os.cpu_count()} CPUs, which would cost the target ~{100 * share:.1f}%, over "
+            f"their {100 * budget:.2g}% share of the budget (--ebpf-sched on to trace anyway)"
+        )
+    )
+    return decision
+
+
+class SwitchRate:
+    """Context switches per second on the whole machine, from /proc/stat's ctxt, counted from
+    construction: the start-up work in between is measured over rather than slept through."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.before, self.start = procfs.read_context_switches(), clock()
+
+    def rate(self, at_least_s: float = 0.25) -> float:
+        remaining = at_least_s - (self.clock() - self.start) / 1e9
+        if remaining > 0:
+            time.sleep(remaining)
+        after, end = procfs.read_context_switches(), self.clock()
+        return (after - self.before) / max(1e-9, (end - self.start) / 1e9)
+
+
+def machine_switch_rate(clock: Clock, seconds: float = 0.25) -> float:
+    return SwitchRate(clock).rate(seconds)
+
+
+class EbpfCollector:
+    name = "ebpf"
+
+    def __init__(self, print_programs: bool = False) -> None:
+        self.print_programs = print_programs
+        self._bpf: list[object] = []  # every loaded program, for cleanup
+        self._sched_bpf: object | None = None
+        self._openmp_bpf: object | None = None
+        self.sched_decision: dict[str, object] = {}
+        self.region_decision: dict[str, object] = {}
+        self._context: CaptureContext | None = None
+        self.slices: dict[str, list[int]] = {
+            "start_ns": [],
+            "end_ns": [],
+            "tid": [],
+            "voluntary": [],
+        }
+        self.regions: dict[str, list[int]] = {
+            "start_ns": [],
+            "end_ns": [],
+            "tid": [],
+            "requested": [],
+            "runtime": [],  # index into the probed runtimes
+            "stack": [],  # index into the walker's stacks, -1 for none
+        }
+        self.walker: PythonWalker | None = None
+        self._region_probes: list[tuple[str, dict[str, object]]] = []
+        self._hit_s: dict[int, float] = {}  # each probed copy's trap cost per region
+        self.probed_runtimes: list[dict[str, object]] = []
+        self.regions_detached = False
+        self._sampling = False
+        self.lost = {"slices": 0, "regions": 0}
+        self.attached: list[str] = []
+        self.warnings: list[str] = []
+        self._start_ns = 0
+
+    def available(self, target: Target) -> Availability:
+        try:
+            load_bcc()
+        except BccUnavailable as exc:
+            return Availability(False, str(exc))
+        return Availability(True)
+
+    def start(self, context: CaptureContext) -> None:
+        self._context = context
+        target = context.target
+        switches = SwitchRate(context.clock)
+        flags = self._prepare_walker(target, context.options.get("python_stacks") != "off")
+        # Decided before compiling, since the tracepoints are part of the one program: the
+        # context-switch rate is counted over the walker's preparation.
+        self.sched_decision = decide_sched(context, switches)
+        traced = bool(self.sched_decision["traced"])
+        if not traced:
+            self.warnings.append(str(self.sched_decision["reason"]))
+        program = OpenMPProgram(
+            tuple(probeable(target.runtimes)),
+            target.pid,
+            sched=SchedProgram(target.pid) if traced else None,
+        )
+        self._load(program, flags, sample=True)
+        if self._region_probes:
+            try:
+                self._judge_region_rate(context, context.clock(), self._entries_by_copy())
+            except Exception:
+                self.cleanup()
+                raise
+        self._start_ns = context.clock()
+
+    def load_counters(self, target: Target, python_stacks: bool = True) -> None:
+        """For a long-running reader (profkit watch): the walker and every runtime copy's
+        region probes with no logs, no sampler and no scheduler tracepoints; the cumulative maps
+        (pystack_stats, runtime_entries) are read as often as wanted, and cleanup() detaches."""
+        flags = self._prepare_walker(target, python_stacks)
+        program = OpenMPProgram(
+            tuple(probeable(target.runtimes)), target.pid, region_capacity=1, sample_capacity=1
+        )
+        self._load(program, flags, sample=False)
+
+    def _prepare_walker(self, target: Target, wanted: bool) -> list[str]:
+        self.walker = PythonWalker(target.pid)
+        flags = self.walker.prepare() if wanted else []
+        if not flags:
+            self.walker.reason = self.walker.reason or "Python stack walker off (--python-stacks)"
+            self.warnings.append(self.walker.reason)
+        return flags
+
+    def _load(self, program: OpenMPProgram, flags: list[str], sample: bool) -> None:
+        """Compile the process program and attach what it holds; on any failure nothing stays
+        attached."""
+        if self.print_programs:
+            print(f"/* --- process ({' '.join(flags)}) --- */\n{program.source()}")
+        if not (program.runtimes or flags or program.sched):
+            return
+        bcc = load_bcc()
+        try:
+            # readelf and objdump find the probe points while clang compiles: both run outside
+            # the GIL.
+            runtimes = program.runtimes
+            with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
+                found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
+                bpf = bcc.BPF(text=program.source(), cflags=flags)  # type: ignore[attr-defined]
+                probes = [p for p in (f.result() for f in found) if p is not None]
+            self._bpf.append(bpf)
+            self._openmp_bpf = bpf
+            if program.sched is not None:
+                # TRACEPOINT_PROBE functions are attached as the program loads.
+                self._sched_bpf = bpf
+                self._seed_threads(bpf, program.tgid)
+                self.attached += [
+                    "tracepoint:sched:sched_switch",
+                    "tracepoint:sched:sched_wakeup",
+                    "tracepoint:sched:sched_wakeup_new",
+                ]
+            if flags:
+                if sample:
+                    self._attach_sampler(bcc, bpf)
+                assert self.walker is not None
+                self.walker.attach(bpf)
+            for copy in probes:
+                self._attach_regions(copy, program.tgid)
+        except Exception:
+            self.cleanup()
+            raise
+
+    def _attach_sampler(self, bcc: object, bpf: object) -> None:
+        """The walker's on-CPU sampler: a cpu-clock event on every CPU, kept to the target's
+        Python threads by the program."""
+        bpf.attach_perf_event(  # type: ignore[attr-defined]
+            ev_type=bcc.PerfType.SOFTWARE,  # type: ignore[attr-defined]
+            ev_config=bcc.PerfSWConfig.CPU_CLOCK,  # type: ignore[attr-defined]
+            fn_name="on_cpu_sample",
+            sample_freq=PYTHON_SAMPLE_HZ,
+        )
+        self._sampling = True
+        self.attached.append(f"perf_event:cpu-clock@{PYTHON_SAMPLE_HZ}Hz (Python stacks)")
+
+    def _attach_regions(self, copy: RuntimeProbes, pid: int) -> None:
+        """One runtime copy's entry and end probes; a copy that refuses them is left out with
+        a warning, the rest go on."""
+        assert self._openmp_bpf is not None
+        bpf, path = self._openmp_bpf, copy.runtime.path
+        added: list[tuple[str, dict[str, object]]] = []
+        described: list[str] = []
+
+        def probe(kind: str, what: str, **where: object) -> None:
+            getattr(bpf, f"attach_{kind}")(name=path, pid=pid, **where)
+            added.append((kind, {"name": path, "pid": pid, **where}))
+            described.append(f"{kind}:{path}:{what}")
+
+        try:
+            for entry in copy.entries:
+                if entry.point is not None:
+                    what = f"{entry.address:#x} ({entry.symbol} entry, {entry.point.instruction})"
+                    probe("uprobe", what, addr=entry.address, fn_name=copy.handler)
+                else:
+                    probe("uprobe", entry.symbol, sym=entry.symbol, fn_name=copy.handler)
+            if copy.end is not None:
+                what = f"{copy.end.address:#x} (region end, after the team barrier)"
+                probe("uprobe", what, addr=copy.end.address, fn_name="on_region_return")
+            elif copy.returns:
+                # A uprobe on each `ret` rather than a uretprobe: see returns.py.
+                for address in copy.returns:
+                    probe(
+                        "uprobe", f"{address:#x} (return)", addr=address, fn_name="on_region_return"
+                    )
+            else:
+                for entry in copy.entries:
+                    probe("uretprobe", entry.symbol, sym=entry.symbol, fn_name="on_region_return")
+                self.warnings.append(
+                    f"the returns of {', '.join(e.symbol for e in copy.entries)} in {path} could "
+                    "not be found (objdump/readelf missing or an indirect jump): region ends "
+                    "come from a uretprobe, which makes py-spy --native's pauses longer"
+                )
+        except Exception as exc:  # a stripped or unusual runtime: the rest still works
+            for kind, where in added:
+                with contextlib.suppress(Exception):
+                    getattr(bpf, f"detach_{kind}")(
+                        **{k: v for k, v in where.items() if k != "fn_name"}
+                    )
+            self.warnings.append(f"region probes in {path} failed: {exc}")
+            return
+        self._region_probes += added
+        self.attached += described
+        self._hit_s[copy.index] = copy.hit_cost_s()
+        self.probed_runtimes.append(copy.describe())
+
+    def _entries_by_copy(self) -> dict[int, int]:
+        if self._openmp_bpf is None:
+            return {}
+        table = self._openmp_bpf["runtime_entries"]  # type: ignore[index]
+        return {index: int(table[ctypes.c_int(index)].value) for index in self._hit_s}
+
+    def _judge_region_rate(
+        self, context: CaptureContext, start: int, before: dict[int, int], seconds: float = 0.3
+    ) -> None:
+        """Count each copy's regions for a moment since the probes went on (start, before);
+        detach them when their traps would cost the dispatching threads more than their share
+        of the budget (a loop of small parallel ops can start 100 000 regions a second: 2 us
+        each is then 20% of its time)."""
+        bpf = self._openmp_bpf
+        if bpf is None:
+            return
+        remaining = seconds - (context.clock() - start) / 1e9
+        if remaining > 0:
+            time.sleep(remaining)
+        elapsed_s = max(1e-9, (context.clock() - start) / 1e9)
+        walk_s = WALKER_HIT_S if self.walker is not None and self.walker.layout else 0.0
+        rates = {i: (n - before.get(i, 0)) / elapsed_s for i, n in self._entries_by_copy().items()}
+        rate = sum(rates.values())
+        share = sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
+        per_region_s = share / rate if rate else max(self._hit_s.values(), default=0.0) + walk_s
+        budget = REGION_PROBE_SHARE * float(context.options.get("overhead_budget", "0.02"))
+        self.region_decision = {
+            "traced": share <= budget,
+            "regions_per_s": round(rate),
+            "cost_per_region_us": round(per_region_s * 1e6, 1),
+            "expected_share": share,
+        }
+        if share <= budget:
+            return
+        reason = (
+            f"OpenMP region probes detached: the target started {rate:,.0f} regions a second, "
+            f"~{100 * share:.1f}% of its dispatching thread at {1e6 * per_region_s:.1f} us "
+            f"per region, over their {100 * budget:g}% share of the budget; attribution falls "
+            "back to py-spy's native stacks"
+        )
+        self.region_decision["reason"] = reason
+        self.warnings.append(reason)
+        # Only the region probes go: the walker's sampler stays on the same program.
+        for kind, where in self._region_probes:
+            self._detach(kind, where)
+        self._region_probes = []
+        self.regions_detached = True
+        self.attached = [a for a in self.attached if not a.startswith(("uprobe:", "uretprobe:"))]
+
+    def _detach(self, kind: str, where: dict[str, object]) -> None:
+        with contextlib.suppress(Exception):
+            detach = getattr(self._openmp_bpf, f"detach_{kind}")
+            detach(**{k: v for k, v in where.items() if k != "fn_name"})
+
+    def _seed_threads(self, bpf: object, pid: int) -> None:
+        times = bpf["times"]  # type: ignore[index]
+        for tid in procfs.list_tids(pid):
+            times[times.Key(tid)] = times.Leaf()
+
+    def progress(self) -> int:
+        if self._openmp_bpf is None:
+            return 0
+        try:
+            return int(self._openmp_bpf["region_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+        except Exception:
+            return 0
+
+    def stop(self) -> CollectorResult:
+        assert self._context is not None
+        end_ns = self._context.clock()
+        payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
+        # Off-CPU time per (Python stack, thread); the intervals still open at the window's end
+        # are closed here, as the threads' on/off-CPU times are.
+        offcpu_by_stack: dict[tuple[int, int], list[int]] = {}
+        if self._sched_bpf is not None:
+            sched = self._sched_bpf
+            threads = {}
+            for key, value in sched["times"].items():  # type: ignore[index]
+                oncpu, offcpu = value.oncpu_ns, value.offcpu_ns
+                # Close the interval each thread is in at the end of the window.
+                if value.last_in_ns:
+                    oncpu += max(0, end_ns - value.last_in_ns)
+                elif value.last_out_ns:
+                    offcpu += max(0, end_ns - value.last_out_ns)
+                    if value.off_stack:
+                        open_off = offcpu_by_stack.setdefault((value.off_stack, key.value), [0, 0])
+                        open_off[0] += max(0, end_ns - value.last_out_ns)
+                threads[str(key.value)] = {
+                    "oncpu_ns": oncpu,
+                    "offcpu_ns": offcpu,
+                    "voluntary": value.voluntary,
+                    "involuntary": value.involuntary,
+                }
+            payload["threads"] = threads
+            self._read_slices(sched)
+            for k, v in sched["pystack_offcpu"].items():  # type: ignore[index]
+                off = offcpu_by_stack.setdefault((k.stack, k.tid), [0, 0])
+                off[0] += int(v.ns)
+                off[1] += int(v.switches)
+            payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]  # type: ignore[index]
+        python: dict[str, object] = {"walker": "off", "reason": "no OpenMP region probe"}
+        if self.walker is not None:
+            python["reason"] = self.walker.reason
+        if self._openmp_bpf is not None:
+            # One snapshot of both counters, then the log up to it: the target goes on
+            # starting regions while the log is read.
+            entries, ended = self._check_ends(self._openmp_bpf)
+            stack_index: dict[int, int] = {}
+            if self.walker is not None and self.walker.layout is not None:
+                python, stack_index = self.walker.read()
+            if not self.regions_detached:
+                self._read_regions(self._openmp_bpf, ended, stack_index)
+            if self._sampling:
+                python["samples"] = self._read_samples(self._openmp_bpf, stack_index)
+            if self._sched_bpf is not None and stack_index:
+                python["offcpu"] = {
+                    "tid": [tid for (_, tid) in offcpu_by_stack],
+                    "stack": [stack_index.get(stack, -1) for (stack, _) in offcpu_by_stack],
+                    "ns": [v[0] for v in offcpu_by_stack.values()],
+                    "switches": [v[1] for v in offcpu_by_stack.values()],
+                }
+            payload["region_entries"] = entries
+            hist = self._openmp_bpf["duration_us_log2"]  # type: ignore[index]
+            payload["histogram_us_log2"] = {
+                str(k.value): v.value for k, v in hist.items() if v.value
+            }
+        self.cleanup()
+        payload.update(
+            {
+                "slices": self.slices,
+                "regions": self.regions,
+                "python": python,
+                "lost": self.lost,
+                "attached": self.attached,
+                "warnings": self.warnings,
+                "sched": self.sched_decision,
+                "regions_decision": self.region_decision,
+                "window": {"start_ns": self._start_ns, "end_ns": end_ns},
+                "runtime": (
+                    self._context.target.openmp_runtime.path
+                    if self._context.target.openmp_runtime
+                    else None
+                ),
+                # Every runtime copy whose region probes went on; regions.runtime indexes it.
+                "runtimes": self.probed_runtimes,
+            }
+        )
+        write_new(self._context.directory / NORMALISED_FILE, json.dumps(payload))
+        return CollectorResult(
+            self.name,
+            "ok",
+            "; ".join(self.warnings),
+            samples=len(self.slices["tid"]) + len(self.regions["tid"]),
+            lost=sum(self.lost.values()),
+            start_ns=self._start_ns,
+            end_ns=end_ns,
+            files=(NORMALISED_FILE,),
+            notes={
+                "attached": self.attached,
+                "regions": len(self.regions["tid"]),
+                "slices": len(self.slices["tid"]),
+                "regions_with_python_stack": sum(1 for i in self.regions["stack"] if i >= 0),
+                "python_walker": python.get("walker"),
+                "lost": dict(self.lost),
+            },
+        )
+
+    def _check_ends(self, bpf: object) -> tuple[int, int]:
+        """Regions entered and ended so far; warns when ends went unseen."""
+        entries = _entries(bpf)
+        ended = int(bpf["region_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+        still_open = len(bpf["open_regions"])  # type: ignore[index]
+        missed = entries - ended - still_open
+        if missed > max(5, entries // 100):
+            self.warnings.append(
+                f"{missed} of {entries} OpenMP regions ended where the end probe did not see "
+                "them: region times are incomplete"
+            )
+        return entries, ended
+
+    def _read_regions(self, bpf: object, count: int, stack_index: dict[int, int]) -> None:
+        """Copy the in-kernel region log out in one batch, after the window."""
+        for _, v in _read_log(bpf, "region_log", count, self.lost, "regions"):
+            for key in ("start_ns", "end_ns", "tid", "requested", "runtime"):
+                self.regions[key].append(getattr(v, key))
+            self.regions["stack"].append(stack_index.get(int(v.stack), -1))
+
+    def _read_samples(self, bpf: object, stack_index: dict[int, int]) -> dict[str, object]:
+        """The walker's on-CPU samples of the target's Python threads, in time order."""
+        count = int(bpf["sample_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+        columns: dict[str, list[int]] = {"t_ns": [], "tid": [], "stack": []}
+        lost = {"samples": 0}
+        for _, v in _read_log(bpf, "sample_log", count, lost, "samples"):
+            columns["t_ns"].append(int(v.t_ns))
+            columns["tid"].append(int(v.tid))
+            columns["stack"].append(stack_index.get(int(v.stack), -1))
+        self.lost["python_samples"] = lost["samples"]
+        return {"rate_hz": PYTHON_SAMPLE_HZ, **columns}
+
+    def _read_slices(self, sched: object) -> None:
+        """Copy the in-kernel slice log out in one batch, after the window."""
+        count = sched["slice_count"][ctypes.c_int(0)].value  # type: ignore[index]
+        for _, v in _read_log(sched, "slice_log", count, self.lost, "slices"):
+            self.slices["start_ns"].append(v.start_ns)
+            self.slices["end_ns"].append(v.end_ns)
+            self.slices["tid"].append(v.tid)
+            self.slices["voluntary"].append(v.voluntary)
+
+    def cleanup(self) -> None:
+        """Detach every probe; safe to call more than once."""
+        if self.walker is not None:
+            self.walker.halt()
+        self._sched_bpf = self._openmp_bpf = None
+        while self._bpf:
+            bpf = self._bpf.pop()
+            with contextlib.suppress(Exception):
+                bpf.cleanup()  # type: ignore[attr-defined]
+
+
+def _entries(bpf: object) -> int:
+    return int(bpf["entry_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+
+
+def _read_log(bpf: object, log_name: str, count: int, lost: dict[str, int], which: str):  # type: ignore[no-untyped-def]
+    """The first `count` entries of an in-kernel array log, in the order they were written."""
+    log = bpf[log_name]  # type: ignore[index]
+    capacity = len(log)
+    used = min(count, capacity)
+    lost[which] += max(0, count - capacity)
+    if used <= 0 or capacity <= 1:
+        return []
+    # A batch lookup copies the whole array, used or not: for a log mostly empty, one lookup
+    # per used entry is cheaper.
+    if used < capacity // 8:
+        return [(i, log[ctypes.c_int(i)]) for i in range(used)]
+    try:
+        entries = [(k.value, v) for k, v in log.items_lookup_batch()]
+    except Exception:  # kernels without batch lookups: one lookup per entry
+        entries = [(i, log[ctypes.c_int(i)]) for i in range(used)]
+    return sorted(((index, v) for index, v in entries if index < used), key=lambda e: e[0])

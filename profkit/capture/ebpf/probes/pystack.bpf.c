@@ -1,0 +1,155 @@
+// The CPython stack walker (compiled with PYSTACK and the PY_* layout of the target's
+// interpreter, profkit/host/pyruntime): reads a thread's Python frame chain without stopping it and
+// stores each distinct stack once. openmp.bpf.c calls it at region entries; on_cpu_sample calls
+// it on a cpu-clock event to sample the target's Python threads on CPU.
+// TARGET_TGID and SAMPLE_CAPACITY are substituted by profkit before compiling.
+#include <uapi/linux/ptrace.h>
+
+#ifdef PYSTACK
+#define PY_MAX_FRAMES 32
+// Shim frames (the C stack re-entering the interpreter) are recorded with this bit set in their
+// instruction index and dropped in user space: skipping them here made the loop too branchy for
+// the verifier.
+#define PY_SHIM_FRAME 0x80000000U
+
+struct pystack {
+    u64 code[PY_MAX_FRAMES];   // code object addresses, innermost first
+    u32 instr[PY_MAX_FRAMES];  // instruction index in each code object
+    u32 depth;
+    u32 truncated;
+};
+
+struct pystack_stats {
+    u64 regions;
+    u64 region_ns;
+};
+
+// Filled by profkit from the interpreter's thread list: the "current thread" globals are NULL
+// while torch runs an op with the GIL released, which is when regions start.
+BPF_HASH(tstates, u32, u64, 16384);
+BPF_PERCPU_ARRAY(pystack_scratch, struct pystack, 1);
+BPF_HASH(pystacks, u64, struct pystack, 16384);
+BPF_HASH(pystack_stats, u64, struct pystack_stats, 16384);
+// 0 walked, 1 thread without a known thread state, 2 a read failed, 3 stack truncated,
+// 4 no Python frame
+BPF_ARRAY(walk_counts, u64, 5);
+
+static inline void count_walk(u32 which) {
+    u64 *n = walk_counts.lookup(&which);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+
+// The stack's id: FNV-1a over its frames; 0 means "no stack".
+static inline u64 walk_python(int count_missing) {
+    u32 tid = bpf_get_current_pid_tgid();
+    u64 *tstate = tstates.lookup(&tid);
+    if (!tstate) {
+        if (count_missing)
+            count_walk(1);
+        return 0;
+    }
+    u32 zero = 0;
+    struct pystack *s = pystack_scratch.lookup(&zero);
+    if (!s)
+        return 0;
+    u64 frame = 0;
+#if PY_FRAME_KIND == 2
+    u64 cframe = 0;
+    if (bpf_probe_read_user(&cframe, sizeof(cframe), (void *)(*tstate + PY_TSTATE_FRAME)) ||
+        !cframe || bpf_probe_read_user(&frame, sizeof(frame), (void *)(cframe + PY_CFRAME_CURRENT))) {
+        count_walk(2);
+        return 0;
+    }
+#else
+    if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(*tstate + PY_TSTATE_FRAME))) {
+        count_walk(2);
+        return 0;
+    }
+#endif
+    u8 buf[PY_FRAME_SPAN];
+    u32 depth = 0;
+    u64 hash = 14695981039346656037ULL;
+    for (int i = 0; i < PY_MAX_FRAMES; i++) {
+        if (!frame)
+            break;
+        // One read per frame: every field used lies within its first PY_FRAME_SPAN bytes.
+        if (bpf_probe_read_user(buf, sizeof(buf), (void *)frame)) {
+            count_walk(2);
+            break;
+        }
+        u64 code = *(u64 *)(buf + PY_FRAME_CODE);
+#if PY_FRAME_KIND == 1
+        u32 instr = *(int *)(buf + PY_FRAME_INSTR);
+#else
+        u64 ip = *(u64 *)(buf + PY_FRAME_INSTR);
+        u32 instr = (u32)((ip - code - PY_CODE_ADAPTIVE) / 2) & ~PY_SHIM_FRAME;
+#endif
+#if PY_FRAME_OWNER >= 0 && PY_OWNER_CSTACK >= 0
+        if (buf[PY_FRAME_OWNER] == PY_OWNER_CSTACK)
+            instr |= PY_SHIM_FRAME;
+#endif
+        s->code[i] = code;
+        s->instr[i] = instr;
+        hash = (hash ^ code) * 1099511628211ULL;
+        hash = (hash ^ instr) * 1099511628211ULL;
+        depth = i + 1;
+        frame = *(u64 *)(buf + PY_FRAME_PREVIOUS);
+    }
+    s->truncated = frame != 0 && depth == PY_MAX_FRAMES;
+    if (s->truncated)
+        count_walk(3);
+    if (depth == 0) {
+        count_walk(4);
+        return 0;
+    }
+    s->depth = depth;
+    hash = (hash ^ depth) * 1099511628211ULL;
+    if (hash == 0)
+        hash = 1;
+    if (!pystacks.lookup(&hash))
+        pystacks.update(&hash, s);
+    count_walk(0);
+    return hash;
+}
+
+// On-CPU samples of the target's Python threads, without stopping them: a cpu-clock event on
+// every CPU runs this; other processes return at once. Threads without a thread state (pool
+// workers, native threads) are left to perf.
+struct pysample {
+    u64 t_ns;
+    u64 stack;
+    u32 tid;
+    u32 pad;
+};
+
+BPF_ARRAY(sample_log, struct pysample, SAMPLE_CAPACITY);
+BPF_ARRAY(sample_count, u64, 1);
+
+// The context's registers are not read, so its type is left out: including
+// <uapi/linux/bpf_perf_event.h> tripled the program's compile time.
+int on_cpu_sample(void *ctx) {
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    if ((pid_tgid >> 32) != TARGET_TGID)
+        return 0;
+    u32 tid = pid_tgid;
+    if (!tstates.lookup(&tid))
+        return 0;
+    struct pysample sample = {bpf_ktime_get_ns(), walk_python(0), tid, 0};
+    u32 zero = 0;
+    u64 *next = sample_count.lookup(&zero);
+    if (!next)
+        return 0;
+    u64 index = __sync_fetch_and_add(next, 1);
+    if (index >= SAMPLE_CAPACITY)
+        return 0;  // counted: the reader reports count - capacity as lost
+    u32 slot = index;
+    struct pysample *entry = sample_log.lookup(&slot);
+    if (entry)
+        *entry = sample;
+    return 0;
+}
+#else
+static inline u64 walk_python(int count_missing) { return 0; }
+#endif
+

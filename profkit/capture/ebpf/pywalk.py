@@ -1,0 +1,225 @@
+"""The Python stack walker that rides on the OpenMP region probes.
+
+At each region entry the probe reads the dispatching thread's CPython frame chain (code object
+and instruction index per frame) and counts regions and their time per distinct stack in the
+kernel (probes/openmp.bpf.c, compiled with PYSTACK). This module decides whether the walker can
+run on a target (its interpreter's layout is known and passes a self-check from user space),
+hands the layout to the compiler, keeps the kernel's thread-id -> thread-state map current, and
+turns the kernel's stacks into file, function and line once per code object after the window.
+
+An interpreter whose layout is unknown or fails the self-check gets no walker: the manifest says
+why, and the call site comes from py-spy as before. Wrong stacks are worse than none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...host.pyruntime import CodeResolver, Layout, PyRuntimeUnsupported, detect, self_check
+from ...host.pyruntime import thread_states as read_thread_states
+
+FRAME_KINDS = {"frameobject": 1, "cframe": 2, "direct": 3}
+# Flags in the kernel's instruction index (probes/openmp.bpf.c): a shim frame, dropped here;
+# an index below the code's first instruction (a frame that has not started) wraps to this.
+SHIM_FRAME = 0x8000_0000
+NOT_STARTED = 0x7FFF_FFFF
+WALK_COUNTS = ("walked", "no_thread_state", "read_failures", "truncated", "no_python_frame")
+# How often the thread map is refreshed when the probe reports threads it does not know.
+REFRESH_S = 0.5
+
+
+def compile_flags(layout: Layout) -> list[str]:
+    """The layout as preprocessor definitions for probes/openmp.bpf.c."""
+    values = {
+        "PY_FRAME_KIND": FRAME_KINDS[layout.frame_kind],
+        "PY_TSTATE_FRAME": layout.tstate_frame,
+        "PY_CFRAME_CURRENT": max(0, layout.cframe_current_frame),
+        "PY_FRAME_CODE": layout.frame_code,
+        "PY_FRAME_PREVIOUS": layout.frame_previous,
+        "PY_FRAME_INSTR": layout.frame_instr,
+        "PY_FRAME_OWNER": layout.frame_owner,
+        "PY_OWNER_CSTACK": layout.owner_cstack,
+        "PY_CODE_ADAPTIVE": max(0, layout.code_adaptive),
+        "PY_FRAME_SPAN": layout.frame_span(),
+    }
+    return ["-DPYSTACK", *(f"-D{name}={value}" for name, value in values.items())]
+
+
+@dataclass
+class PythonWalker:
+    """One target's walker: prepare() before compiling, attach() once loaded, read() at stop."""
+
+    pid: int
+    layout: Layout | None = None
+    reason: str = ""
+    refreshes: int = 0
+    _bpf: object | None = None
+    _known: set[int] = field(default_factory=set)
+    _native: set[int] = field(default_factory=set)
+    _unmatched: dict[int, int] = field(default_factory=dict)
+    _missed: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def prepare(self) -> list[str]:
+        """Compile flags for the walker, or [] with `reason` set when it cannot run here."""
+        try:
+            layout = detect(self.pid)
+            self_check(self.pid, layout)
+        except PyRuntimeUnsupported as exc:
+            self.reason = f"Python stack walker off: {exc}"
+            return []
+        except OSError as exc:
+            self.reason = f"Python stack walker off: cannot read the target: {exc}"
+            return []
+        self.layout = layout
+        return compile_flags(layout)
+
+    def attach(self, bpf: object) -> None:
+        """Seed the thread map, then keep it current while the window is open."""
+        self._bpf = bpf
+        self._refresh()
+        self._thread = threading.Thread(target=self._watch, name="profkit-pywalk", daemon=True)
+        self._thread.start()
+
+    def _refresh(self) -> None:
+        assert self._bpf is not None and self.layout is not None
+        try:
+            found = read_thread_states(self.pid, self.layout)
+        except (PyRuntimeUnsupported, OSError):
+            return  # the target is exiting, or between two thread-list updates: next time
+        table = self._bpf["tstates"]  # type: ignore[index]  # bcc tables have no stubs
+        with self._lock:
+            for tid, tstate in found.items():
+                table[ctypes.c_uint32(tid)] = ctypes.c_uint64(tstate)
+            self._known |= set(found)
+        self.refreshes += 1
+
+    def _watch(self) -> None:
+        """Threads started after attach are looked up when they appear: one listing of the
+        target's tasks each time, the interpreter's thread list only when it changed."""
+        while not self._stop.wait(REFRESH_S):
+            try:
+                tids = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
+            except OSError:
+                return  # the target is gone
+            missed = self._count(1)
+            if tids - self._known - self._native or missed > self._missed:
+                self._missed = missed
+                self._refresh()
+                # A thread still unmatched at its second look is not a Python thread (a pool
+                # worker): it is not looked up again. (A new Python thread's id is written into
+                # its thread state only once it runs, so one look is not enough.)
+                for tid in tids - self._known:
+                    self._unmatched[tid] = self._unmatched.get(tid, 0) + 1
+                    if self._unmatched[tid] >= 2:
+                        self._native.add(tid)
+
+    def _count(self, index: int) -> int:
+        assert self._bpf is not None
+        try:
+            return int(self._bpf["walk_counts"][ctypes.c_int(index)].value)  # type: ignore[index]
+        except Exception:
+            return 0
+
+    def halt(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def read(self) -> tuple[dict[str, object], dict[int, int]]:
+        """The walker's part of ebpf.json, and each kernel stack id's index in its stack list."""
+        self.halt()
+        if self.layout is None or self._bpf is None:
+            return {"walker": "off", "reason": self.reason}, {}
+        bpf = self._bpf
+        counts = {name: self._count(i) for i, name in enumerate(WALK_COUNTS)}
+        stats = {k.value: (v.regions, v.region_ns) for k, v in bpf["pystack_stats"].items()}  # type: ignore[index]
+        raw = {k.value: v for k, v in bpf["pystacks"].items()}  # type: ignore[index]
+        resolver = CodeResolver(self.pid, self.layout)
+        sources = SourceLines(self.pid)
+        stacks: list[dict[str, object]] = []
+        index: dict[int, int] = {}
+        try:
+            for stack_id, value in raw.items():
+                depth = min(int(value.depth), len(value.code))
+                frames = [
+                    resolve_frame(resolver, sources, int(value.code[i]), int(value.instr[i]))
+                    for i in reversed(range(depth))  # outermost first, as flame graphs draw
+                    if not int(value.instr[i]) & SHIM_FRAME
+                ]
+                regions, region_ns = stats.get(stack_id, (0, 0))
+                index[stack_id] = len(stacks)
+                stacks.append(
+                    {
+                        "id": f"{stack_id:016x}",
+                        "regions": int(regions),
+                        "region_ns": int(region_ns),
+                        "truncated": bool(value.truncated),
+                        "frames": frames,
+                    }
+                )
+        finally:
+            resolver.close()
+        payload: dict[str, object] = {
+            "walker": "on",
+            "reason": "",
+            "version": ".".join(map(str, self.layout.version)),
+            "layout": self.layout.source,
+            "counts": counts,
+            "thread_map_refreshes": self.refreshes,
+            # Every thread found in the interpreter's thread list: the Python threads, idle or not.
+            "threads": sorted(self._known),
+            "stacks": stacks,
+        }
+        return payload, index
+
+
+def resolve_frame(
+    resolver: CodeResolver, sources: SourceLines, code: int, instr: int
+) -> dict[str, object]:
+    if instr == NOT_STARTED:
+        instr = -1
+    info = resolver.resolve(code)
+    if info is None:
+        # Freed, reused or unreadable since the region: the frame is kept, unnamed.
+        return {"file": "<unknown>", "function": "<unknown>", "line": 0, "code": None}
+    line = resolver.line(code, instr) or 0
+    return {
+        "file": info.filename,
+        "function": info.qualname or info.name,
+        "line": line,
+        "code": sources.line(info.filename, line),
+    }
+
+
+class SourceLines:
+    """Source lines of the target's files, read through its root and working directory."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._files: dict[str, list[str] | None] = {}
+
+    def line(self, filename: str, line: int) -> str | None:
+        if filename not in self._files:
+            self._files[filename] = self._read(filename)
+        lines = self._files[filename]
+        if not lines or not 0 < line <= len(lines):
+            return None
+        return lines[line - 1].strip() or None
+
+    def _read(self, filename: str) -> list[str] | None:
+        if filename.startswith("<"):
+            return None
+        base = f"/proc/{self.pid}/root" if os.path.isabs(filename) else f"/proc/{self.pid}/cwd"
+        path = Path(base + "/" + filename.lstrip("/"))
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if path.stat().st_size <= 4 * 1024 * 1024:
+                return path.read_text().splitlines()
+        return None

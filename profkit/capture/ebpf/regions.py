@@ -1,0 +1,155 @@
+"""Where the parallel-region probes go in each pool runtime a target maps.
+
+Every mapped copy is probed: a process can map several copies of one runtime (torch's
+libgomp.so.1 beside scikit-learn's bundled libgomp-<hash>.so), and the copy that runs the
+regions is not always the one found first. Each copy gets its own entry handler in the program
+(on_entry_N), so that each region records which copy started it.
+
+Entry points per runtime:
+- libgomp: GOMP_parallel and the GOMP_parallel_loop_* / GOMP_parallel_sections variants that
+  compilers emit for combined constructs; all end in gomp_team_end, whose team barrier is the
+  region's end (profkit/capture/ebpf/probe_points.py), else each entry's `ret`s.
+- libiomp5 / libomp (LLVM, Intel): __kmpc_fork_call, ended at its `ret`s.
+- OpenBLAS (numpy's bundled scipy-openblas and others): exec_blas, the function that hands a
+  level-3 call's pieces to its own pthread pool and waits for them, ended at its `ret`s. Its name
+  may carry a prefix in some builds, so the symbol table is searched by suffix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ...host.target import Runtime
+from .probe_points import ProbePoint, entry_point, gomp_region_end, hit_cost_s
+from .returns import TOOL_ERRORS, function_symbols, return_sites, symbol_address
+
+
+@dataclass(frozen=True)
+class RuntimeKind:
+    pool: str  # the pool the report names: "openmp" or "openblas"
+    entries: tuple[str, ...]  # entry symbols, the first one required
+    requested: str  # C expression for the team size asked for, 0 where none is passed
+    gomp_end: bool  # the region ends at libgomp's team barrier
+
+
+GOMP_ENTRIES = (
+    "GOMP_parallel",
+    "GOMP_parallel_loop_static",
+    "GOMP_parallel_loop_dynamic",
+    "GOMP_parallel_loop_guided",
+    "GOMP_parallel_loop_runtime",
+    "GOMP_parallel_sections",
+)
+KINDS = {
+    # GOMP_parallel*(fn, data, num_threads, ...): 0 threads means "the runtime's setting".
+    "libgomp": RuntimeKind("openmp", GOMP_ENTRIES, "PT_REGS_PARM3(ctx)", True),
+    "libiomp5": RuntimeKind("openmp", ("__kmpc_fork_call",), "0", False),
+    "libomp": RuntimeKind("openmp", ("__kmpc_fork_call",), "0", False),
+    # exec_blas(num, queue): num pieces, one per thread of the pool that runs them.
+    "openblas": RuntimeKind("openblas", ("exec_blas",), "PT_REGS_PARM1(ctx)", False),
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    symbol: str
+    address: int  # file address of the probe: the symbol, or its emulated point
+    point: ProbePoint | None  # the emulated instruction chosen, if any
+
+
+@dataclass(frozen=True)
+class RuntimeProbes:
+    index: int
+    runtime: Runtime
+    kind: RuntimeKind
+    entries: tuple[Entry, ...]
+    end: ProbePoint | None  # libgomp's team-barrier branch
+    returns: tuple[int, ...]  # else every `ret` of every entry symbol
+
+    @property
+    def handler(self) -> str:
+        return handler_name(self.index)
+
+    def hit_cost_s(self) -> float:
+        """What a region costs its dispatching thread in traps (probe_points.py)."""
+        entry = max(hit_cost_s(e.point) for e in self.entries)
+        return entry + hit_cost_s(self.end)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "index": self.index,
+            "name": self.runtime.name,
+            "path": self.runtime.path,
+            "pool": self.kind.pool,
+            "entries": [e.symbol for e in self.entries],
+            "end": "team barrier" if self.end else "returns",
+        }
+
+
+def handler_name(index: int) -> str:
+    return f"on_entry_{index}"
+
+
+def handler_source(runtimes: list[Runtime]) -> str:
+    """One entry handler per copy (by its index in `runtimes`), appended to
+    probes/openmp.bpf.c; written before the copies' symbols are read, so that the compile and
+    the reading run side by side."""
+    return "".join(
+        f"\nint {handler_name(i)}(struct pt_regs *ctx) {{\n"
+        f"    return region_entry({i}, (u32)({KINDS[r.name].requested}));\n}}\n"
+        for i, r in enumerate(runtimes)
+    )
+
+
+def find_symbol(path: str, symbol: str) -> tuple[str, int] | None:
+    """The symbol, or the one function whose name ends in _symbol (a prefixed build)."""
+    address = symbol_address(path, symbol)
+    if address is not None:
+        return symbol, address
+    pattern = re.compile(rf"^\w+_{re.escape(symbol)}$")
+    return next(
+        (
+            (name, address)
+            for name, address in function_symbols(path).items()
+            if pattern.match(name)
+        ),
+        None,
+    )
+
+
+def find_probes(index: int, runtime: Runtime) -> RuntimeProbes | None:
+    """Where one copy's probes go; None when it has no entry point profkit knows."""
+    kind = KINDS.get(runtime.name)
+    if kind is None:
+        return None
+    try:
+        entries = []
+        for wanted in kind.entries:
+            found = find_symbol(runtime.path, wanted)
+            if found is None:
+                if not entries:
+                    return None  # the main entry point is required
+                continue
+            symbol, address = found
+            point = entry_point(runtime.path, symbol)
+            entries.append(Entry(symbol, point.address if point else address, point))
+        end = gomp_region_end(runtime.path) if kind.gomp_end else None
+        returns: list[int] = []
+        if end is None:
+            for entry in entries:
+                returns += return_sites(runtime.path, entry.symbol) or []
+    except TOOL_ERRORS:
+        return None
+    return RuntimeProbes(index, runtime, kind, tuple(entries), end, tuple(returns))
+
+
+def probeable(runtimes: tuple[Runtime, ...]) -> list[Runtime]:
+    """Every mapped copy of a runtime with region entry points, each file once."""
+    seen: set[str] = set()
+    out = []
+    for runtime in runtimes:
+        if runtime.name in KINDS and runtime.path not in seen:
+            seen.add(runtime.path)
+            out.append(runtime)
+    return out
