@@ -7,7 +7,7 @@ start time, so that a reused pid is never touched), a target left stopped is res
 bundle is marked aborted and its perf.data removed. eBPF probes need nothing: profkit attaches
 them through perf events, which the kernel removes with the dead process's file descriptors.
 
-One capture per target: each holds an flock on /run/profkit/host/target-PID-START.lock, which the
+One capture per target: each holds an flock on /run/profkit/target-PID-START.lock, which the
 kernel drops when its holder dies however it dies, so a lock left by a killed profkit is simply
 taken. A capture run with --force beside another leaves the other a notice
 (<owner>.overlap-<pid>), so that both manifests say they overlapped.
