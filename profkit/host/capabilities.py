@@ -225,7 +225,7 @@ def check_bcc() -> Check:
         "bcc",
         MISSING,
         f"compile/load failed: {last[:160]}",
-        "run as root with CAP_BPF; see docs/permissions.md",
+        "run as root with CAP_BPF; see docs/install.md#permissions",
     )
 
 
