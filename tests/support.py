@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
 DATA = Path(__file__).resolve().parent / "data"
@@ -125,7 +123,3 @@ def profkit_in(cwd: Path, *args: str, user: int | None = None) -> subprocess.Com
         finally:
             shutil.rmtree(site, ignore_errors=True)
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
-
-
-def needs_root() -> pytest.MarkDecorator:
-    return pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, ptrace, perf, bpf)")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ..support import RECIPES, needs_root, run_profkit
+from ..support import RECIPES, run_profkit
 from .conftest import attach
 
-pytestmark = [needs_root(), pytest.mark.live]
+pytestmark = pytest.mark.root
 
 
 def profile(pid: int, out: Path, *extra: str, duration: float = 5.0) -> dict:

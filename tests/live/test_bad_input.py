@@ -20,7 +20,7 @@ from profkit.errors import (
 )
 from profkit.host import target as target_module
 
-from ..support import NOBODY, SYSTEM_PYTHON, needs_root, one_line, profkit_in
+from ..support import NOBODY, SYSTEM_PYTHON, one_line, profkit_in
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_bad_input_case(case: str, tmp_path: Path, python_target, sleeper) -> No
     assert python_target.poll() is None
 
 
-@needs_root()
+@pytest.mark.root
 def test_python_without_torch_is_captured_with_a_note(tmp_path: Path) -> None:
     process = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
     try:
@@ -94,7 +94,7 @@ def test_python_without_torch_is_captured_with_a_note(tmp_path: Path) -> None:
         process.wait()
 
 
-@needs_root()
+@pytest.mark.root
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
 @pytest.mark.skipif(
     not Path(SYSTEM_PYTHON).exists(), reason=f"needs {SYSTEM_PYTHON} to run profkit as another user"
@@ -116,7 +116,7 @@ def test_non_root_user(python_target) -> None:  # type: ignore[no-untyped-def]
     tmp_path.rmdir()
 
 
-@needs_root()
+@pytest.mark.root
 def test_output_on_a_full_tmpfs(tmp_path: Path, python_target) -> None:  # type: ignore[no-untyped-def]
     mount = tmp_path / "small"
     mount.mkdir()

@@ -19,10 +19,10 @@ from profkit.capture.budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE
 from profkit.capture.startup import LONG_STOP_S
 from profkit.host import procfs
 
-from ..support import ROOT, needs_root, run_profkit
+from ..support import ROOT, run_profkit
 from .conftest import attach
 
-pytestmark = [needs_root(), pytest.mark.live]
+pytestmark = pytest.mark.root
 SIX = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
 ALL = ("--collectors", "all")
 

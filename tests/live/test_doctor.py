@@ -6,11 +6,13 @@ import json
 import shutil
 import subprocess
 
+import pytest
+
 from profkit.host.capabilities import MISSING, OK, UNSUPPORTED
 
-from ..support import needs_root, run_profkit
+from ..support import run_profkit
 
-pytestmark = [needs_root()]
+pytestmark = pytest.mark.root
 
 
 def doctor_json(env: dict[str, str] | None = None) -> tuple[int, dict[str, dict]]:

@@ -26,7 +26,7 @@ from profkit.errors import (
 )
 from profkit.host import procfs
 
-from ..support import NOBODY, ROOT, SYSTEM_PYTHON, needs_root, one_line, profkit, profkit_in
+from ..support import NOBODY, ROOT, SYSTEM_PYTHON, one_line, profkit, profkit_in
 
 # Every name a bundle may hold: the attacker plants a link for each.
 BUNDLE_NAMES = (
@@ -72,7 +72,6 @@ print("planted", flush=True)
 """
 
 needs_other_user = [
-    needs_root(),
     pytest.mark.root,
     pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)"),
     pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason=f"needs {SYSTEM_PYTHON}"),
@@ -148,7 +147,7 @@ def apply(marks: list[pytest.MarkDecorator]):  # type: ignore[no-untyped-def]
     return decorate
 
 
-@apply([*needs_other_user, pytest.mark.live])
+@apply(needs_other_user)
 def test_out_owned_by_another_user_is_refused_and_no_victim_changes(
     shared_dir: Path, python_sleeper, run_dir
 ) -> None:  # type: ignore[no-untyped-def]
@@ -183,7 +182,7 @@ def test_out_owned_by_another_user_is_refused_and_no_victim_changes(
     assert oct(out.stat().st_mode & 0o777) == "0o755", "never chmod a directory not created"
 
 
-@apply([*needs_other_user, pytest.mark.live])
+@apply(needs_other_user)
 def test_links_planted_in_a_swapped_directory_are_never_written_through(
     shared_dir: Path, python_sleeper, run_dir
 ) -> None:  # type: ignore[no-untyped-def]
@@ -230,7 +229,7 @@ def test_links_planted_in_a_swapped_directory_are_never_written_through(
         assert f"owned by uid {NOBODY}" in one_line(result)
 
 
-@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+@pytest.mark.root
 @pytest.mark.parametrize("link_to", ["nothing", "an empty directory"])
 def test_out_that_is_a_link_is_refused(
     link_to: str, tmp_path: Path, python_sleeper, run_dir
@@ -254,7 +253,7 @@ def test_out_that_is_a_link_is_refused(
         assert not pointed.exists()
 
 
-@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+@pytest.mark.root
 def test_out_that_others_may_write_to_is_refused(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "open"
     out.mkdir()
@@ -343,7 +342,7 @@ def tools_writing_into(profkit_pid: int) -> list[str]:
     return found
 
 
-@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+@pytest.mark.root
 def test_an_unexpected_exception_marks_the_bundle_aborted_at_once(
     tmp_path: Path, python_sleeper, run_dir
 ) -> None:  # type: ignore[no-untyped-def]
@@ -383,7 +382,7 @@ def test_an_unexpected_exception_marks_the_bundle_aborted_at_once(
     assert procfs.read_stat(python_sleeper.pid).state != "T"
 
 
-@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+@pytest.mark.root
 def test_a_killed_profkits_bundle_is_marked_aborted_by_the_next_run(
     tmp_path: Path, python_sleeper, run_dir
 ) -> None:  # type: ignore[no-untyped-def]
@@ -437,7 +436,7 @@ def test_a_killed_profkits_bundle_is_marked_aborted_by_the_next_run(
     assert not (out / "perf.data").exists()
 
 
-@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+@pytest.mark.root
 def test_a_disk_that_fills_mid_capture_aborts_it(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
     mount = tmp_path / "small"
     mount.mkdir()
@@ -486,7 +485,7 @@ def test_a_disk_that_fills_mid_capture_aborts_it(tmp_path: Path, python_sleeper,
         subprocess.run(["umount", str(mount)], check=False)
 
 
-@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+@pytest.mark.root
 def test_a_second_capture_of_one_target_is_refused_or_forced_and_recorded(
     tmp_path: Path, python_sleeper, run_dir
 ) -> None:  # type: ignore[no-untyped-def]
@@ -560,7 +559,7 @@ def test_a_second_capture_of_one_target_is_refused_or_forced_and_recorded(
     assert list(Path(run_dir["PROFKIT_RUN_DIR"]).iterdir()) == [], "locks and notices removed"
 
 
-@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+@pytest.mark.root
 def test_perf_killed_by_someone_else_says_so(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "bundle"
     process = subprocess.Popen(
@@ -596,7 +595,7 @@ def test_perf_killed_by_someone_else_says_so(tmp_path: Path, python_sleeper, run
     assert result["reason"] == "perf was killed by SIGKILL, not by profkit", result
 
 
-@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+@pytest.mark.root
 def test_a_target_that_exits_reads_as_such(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "bundle"
     process = subprocess.Popen(
@@ -632,7 +631,7 @@ def test_a_target_that_exits_reads_as_such(tmp_path: Path, python_sleeper, run_d
     assert manifest["status_reason"] == "the target exited during the capture"
 
 
-@apply([*needs_other_user, pytest.mark.live])
+@apply(needs_other_user)
 def test_a_user_profiling_their_own_process_runs_what_they_may(shared_dir: Path) -> None:
     home = shared_dir / "home"
     home.mkdir()
@@ -745,7 +744,7 @@ def test_a_perf_the_kernel_refuses_reads_as_permission_denied(shared_dir: Path) 
     assert why == f"permission denied (kernel.perf_event_paranoid is {paranoid})", refused.stderr
 
 
-@apply([needs_root(), pytest.mark.root, pytest.mark.live])
+@pytest.mark.root
 def test_no_collector_able_to_start_leaves_an_aborted_bundle(
     tmp_path: Path, python_sleeper, run_dir
 ) -> None:  # type: ignore[no-untyped-def]

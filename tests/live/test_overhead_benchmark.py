@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from ..support import ROOT, needs_root
+from ..support import ROOT
 
 
-@needs_root()
+@pytest.mark.root
 @pytest.mark.timeout(240)
 def test_a_short_run_prints_one_row_per_configuration_and_pool(tmp_path) -> None:
     raw = tmp_path / "ratios.json"

@@ -14,18 +14,15 @@ needs_libgomp = pytest.mark.skipif(not LIBGOMP, reason="this torch build bundles
 
 
 @needs_libgomp
-@pytest.mark.live
+@pytest.mark.root
 @pytest.mark.timeout(180)
 def test_probe_cost_benchmark_prints_every_layout() -> None:
     """benchmarks/probe_cost.py on this machine: one line per probe layout, never a timing."""
-    import os
     import subprocess
     import sys
 
     from profkit.capture.ebpf.loader import BccUnavailable, load_bcc
 
-    if os.geteuid() != 0:
-        pytest.skip("needs root to load BPF programs")
     try:
         load_bcc()
     except BccUnavailable as exc:

@@ -42,9 +42,6 @@ INTERPRETERS = {
 }
 UNSUPPORTED = {"3.9": PYENV / "3.9.18/bin/python3"}
 
-live = pytest.mark.live
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (reads other processes)")
-
 
 def _labels() -> dict[str, int]:
     lines: dict[str, int] = {}
@@ -154,8 +151,7 @@ def _expected(target: Target, stack: list[tuple[str, str, str]]) -> list[tuple[s
     return [(qual if use_qualname else name, LABELS[label]) for qual, name, label in stack]
 
 
-@live
-@needs_root
+@pytest.mark.root
 def test_detect_version_and_layout(target: Target) -> None:
     layout = detect(target.pid)
     assert isinstance(layout, Layout)
@@ -170,8 +166,7 @@ def test_detect_version_and_layout(target: Target) -> None:
     assert layout.frame_span() >= layout.frame_code + 8
 
 
-@live
-@needs_root
+@pytest.mark.root
 def test_thread_states_find_both_threads(target: Target) -> None:
     states = thread_states(target.pid, detect(target.pid))
     assert target.main_tid in states
@@ -179,14 +174,12 @@ def test_thread_states_find_both_threads(target: Target) -> None:
     assert states[target.main_tid] != states[target.worker_tid]
 
 
-@live
-@needs_root
+@pytest.mark.root
 def test_self_check_passes(target: Target) -> None:
     self_check(target.pid, detect(target.pid))
 
 
-@live
-@needs_root
+@pytest.mark.root
 def test_walk_gives_expected_user_frames(target: Target) -> None:
     layout = detect(target.pid)
     resolver = CodeResolver(target.pid, layout)
@@ -210,8 +203,7 @@ def test_walk_gives_expected_user_frames(target: Target) -> None:
     assert len(walk(target.pid, layout, states[target.main_tid], max_frames=2)) == 2
 
 
-@live
-@needs_root
+@pytest.mark.root
 def test_code_objects_match_interpreter(target: Target) -> None:
     """Names and the line of every code unit agree with the target interpreter's own view."""
     layout = detect(target.pid)
@@ -230,8 +222,7 @@ def test_code_objects_match_interpreter(target: Target) -> None:
     assert units > 1000
 
 
-@live
-@needs_root
+@pytest.mark.root
 def test_resolver_rejects_non_code(target: Target) -> None:
     layout = detect(target.pid)
     resolver = CodeResolver(target.pid, layout)
@@ -241,8 +232,7 @@ def test_resolver_rejects_non_code(target: Target) -> None:
     assert resolver.line(8, 0) is None
 
 
-@live
-@needs_root
+@pytest.mark.root
 @pytest.mark.parametrize("key", ["3.10", "3.12", "3.13"])
 def test_self_check_tolerates_running_thread(key: str, tmp_path: Path) -> None:
     """A thread executing Python while it is read must not make the check fail."""
@@ -263,8 +253,7 @@ def test_self_check_tolerates_running_thread(key: str, tmp_path: Path) -> None:
         assert "spin" in names
 
 
-@live
-@needs_root
+@pytest.mark.root
 @pytest.mark.parametrize("key", list(UNSUPPORTED))
 def test_unsupported_interpreter_is_refused(key: str, tmp_path: Path) -> None:
     python = UNSUPPORTED[key]
@@ -277,8 +266,7 @@ def test_unsupported_interpreter_is_refused(key: str, tmp_path: Path) -> None:
         detect(process.pid)
 
 
-@live
-@needs_root
+@pytest.mark.root
 def test_non_python_process_is_refused() -> None:
     process = subprocess.Popen(["sleep", "60"])
     try:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ..support import RECIPES, needs_root, run_profkit
+from ..support import RECIPES, run_profkit
 from .conftest import attach
 
-pytestmark = [needs_root(), pytest.mark.live]
+pytestmark = pytest.mark.root
 
 PYENV = Path(os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))) / "versions"
 SITES = {"site_one": 1, "site_two": 2, "site_three": 3}

@@ -8,9 +8,9 @@ import pytest
 
 from profkit.host import cgroup
 
-from ..support import needs_root, run_profkit
+from ..support import run_profkit
 
-pytestmark = [needs_root(), pytest.mark.live]
+pytestmark = pytest.mark.root
 
 
 def test_effective_quota_and_counters_match_cpu_stat(start_recipe) -> None:

@@ -15,10 +15,10 @@ import pytest
 
 from profkit.host import procfs
 
-from ..support import ROOT, needs_root, run_profkit
+from ..support import ROOT, run_profkit
 from .conftest import Recipe
 
-pytestmark = [needs_root(), pytest.mark.live]
+pytestmark = pytest.mark.root
 ALL = ("--collectors", "all")
 
 

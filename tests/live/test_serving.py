@@ -18,7 +18,7 @@ import pytest
 from recipes.mm_serving.load import run_load
 from recipes.mm_serving.model import VisionStep, decode_ppm, make_image, preprocess, summary
 
-from ..support import ROOT, needs_root
+from ..support import ROOT
 from ..watch_support import free_port
 
 
@@ -28,7 +28,6 @@ def expected(seed: int, image_size: int, model_size: int) -> list[float]:
     return summary(VisionStep()(pixel_values))
 
 
-@pytest.mark.live
 @pytest.mark.parametrize("transport", ["shm-torch", "shm-numpy"])
 def test_front_and_scheduler_answer_correctly(transport: str) -> None:
     port = free_port()
@@ -79,7 +78,7 @@ def test_front_and_scheduler_answer_correctly(transport: str) -> None:
         front.wait(timeout=30)
 
 
-@needs_root()
+@pytest.mark.root
 def test_run_cap_threads_sets_the_pool_from_the_quota(start_recipe, tmp_path: Path) -> None:
     from profkit.host.sandbox import quota_group
 

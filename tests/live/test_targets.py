@@ -19,7 +19,6 @@ from profkit.host import procfs, target
 from ..support import run_profkit
 
 
-@pytest.mark.live
 def test_ps_finds_recipe_with_torch_runtime(start_recipe) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "4", env={"OMP_NUM_THREADS": "4"})
     result = run_profkit("ps", "--match", "shm_fanout", "--json")
@@ -34,7 +33,6 @@ def test_ps_finds_recipe_with_torch_runtime(start_recipe) -> None:
     assert item["pool_threads"] == 4
 
 
-@pytest.mark.live
 def test_ps_text_lists_the_recipe(start_recipe) -> None:
     recipe = start_recipe("shm_fanout.py", "--copy", "numpy")
     result = run_profkit("ps", "--match", "shm_fanout")

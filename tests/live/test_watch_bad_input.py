@@ -8,12 +8,10 @@ import time
 
 import pytest
 
-from ..support import needs_root
 from ..watch_support import agent, free_port
 
 
-@pytest.mark.live
-@needs_root()
+@pytest.mark.root
 def test_unreachable_push_and_exiting_target(start_recipe) -> None:
     recipe = start_recipe("shm_fanout.py", "--duration", "10")
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from ..support import RECIPES, ROOT, needs_root
+from ..support import RECIPES, ROOT
 from ..watch_support import agent
 
-pytestmark = [pytest.mark.live, pytest.mark.root, needs_root()]
+pytestmark = pytest.mark.root
 
 LATE = (
     "import runpy, sys, time\n"

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ..support import RECIPES, needs_root
+from ..support import RECIPES
 from ..watch_support import agent, free_port
 from .consumers import go_pprof
 
-pytestmark = [pytest.mark.live, pytest.mark.root, needs_root()]
+pytestmark = pytest.mark.root
 
 
 class Ingest(http.server.ThreadingHTTPServer):

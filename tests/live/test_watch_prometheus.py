@@ -11,7 +11,7 @@ import pytest
 from profkit.autothreads import THREAD_VARIABLES
 from profkit.host.cgroup import parse_cpu_stat, recommended_threads
 
-from ..support import RECIPES, needs_root
+from ..support import RECIPES
 from ..watch_support import (
     Readings,
     agent,
@@ -25,7 +25,7 @@ from ..watch_support import (
 )
 from .conftest import _start
 
-pytestmark = [pytest.mark.live, pytest.mark.root, needs_root()]
+pytestmark = pytest.mark.root
 
 QUOTA = 0.5
 SCRAPE_S = 5

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ..support import RECIPES, needs_root
+from ..support import RECIPES
 from ..watch_support import agent
 
 SITES = {"site_one": 1, "site_two": 2, "site_three": 3}
@@ -28,9 +28,7 @@ def site_cpu(metrics: str) -> dict[str, float]:
     return out
 
 
-@pytest.mark.live
 @pytest.mark.root
-@needs_root()
 def test_sites_in_the_recipes_ratio(start_recipe) -> None:
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
     with agent("--pid", str(recipe.pid), "--name", "sites", "--interval", "1") as a:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ..support import RECIPES, ROOT, needs_root
+from ..support import RECIPES, ROOT
 
-pytestmark = [pytest.mark.live, pytest.mark.root, needs_root()]
+pytestmark = pytest.mark.root
 TMUX = shutil.which("tmux")
 
 
