@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from profkit.errors import CgroupError  # noqa: E402
 from profkit.host.sandbox import QuotaGroup, quota_group  # noqa: E402
+from recipes.launch import attach_args  # noqa: E402
 
 
 def profkit(*args: str) -> int:
@@ -106,9 +107,7 @@ def serving_demo(cores: float, duration: float, out: Path) -> int:
         driver.start()
         try:
             time.sleep(1.0)
-            return profkit(
-                "attach", "--pid", str(front.pid), "--duration", str(duration), "--out", str(out)
-            )
+            return profkit(*attach_args(front.pid, duration=duration, out=out))
         finally:
             stop.set()
             driver.join(timeout=60)
@@ -146,13 +145,7 @@ def main() -> int:
 
                 shutil.rmtree(out)
             code = profkit(
-                "attach",
-                "--pid",
-                str(recipe.pid),
-                "--duration",
-                str(args.duration),
-                "--out",
-                str(out),
+                *attach_args(recipe.pid, duration=args.duration, out=out),
             )
         finally:
             recipe.send_signal(signal.SIGINT)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from profkit.errors import CgroupError  # noqa: E402
 from profkit.host.sandbox import quota_group  # noqa: E402
+from recipes.launch import attach_command  # noqa: E402
 from recipes.mm_serving.load import run_load  # noqa: E402
 
 
@@ -239,21 +240,13 @@ def one_run(arm: Arm, round_index: int, config: Config, out: Path) -> dict:
 
 def profile(pid: int, url: str, config: Config, bundle: Path) -> dict:
     """profkit attached to the front while a second load runs; its top finding."""
-    command = [
-        sys.executable,
-        "-m",
-        "profkit",
-        "attach",
-        "--pid",
-        str(pid),
-        "--duration",
-        str(config.profile_seconds),
-        "--out",
-        str(bundle),
-        "--no-report",
-    ]
-    if config.profile_collectors:
-        command += ["--collectors", config.profile_collectors]
+    command = attach_command(
+        pid,
+        duration=config.profile_seconds,
+        out=bundle,
+        report=False,
+        collectors=config.profile_collectors or None,
+    )
     attach = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )

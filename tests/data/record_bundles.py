@@ -20,6 +20,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from profkit.host.sandbox import quota_group  # noqa: E402
+from recipes.launch import attach_command  # noqa: E402
 
 CASES = {
     "fanout_quota": (["recipes/shm_fanout.py", "--copy", "torch", "--threads", "8"], 0.5),
@@ -57,19 +58,7 @@ def record(name: str, command: list[str], cores: float | None) -> None:
         )
         time.sleep(2.5)
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "profkit",
-                "attach",
-                "--pid",
-                str(target.pid),
-                "--duration",
-                "3",
-                "--out",
-                str(scratch),
-                "--no-report",
-            ],
+            attach_command(target.pid, duration=3, out=scratch, report=False),
             check=True,
             cwd=ROOT,
         )

@@ -12,11 +12,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from profkit.host import procfs
 from profkit.host.sandbox import QuotaGroup, quota_group
+from recipes.launch import attach_args
 
 from ..support import RECIPES, ROOT, run_profkit
 
@@ -146,19 +148,13 @@ def _state(pid: int) -> str | None:
 
 
 def attach(
-    pid: int, out: Path, *extra: str, env: dict[str, str] | None = None, duration: float = 4.0
+    pid: int,
+    out: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    duration: float = 4.0,
+    **flags: Any,
 ) -> subprocess.CompletedProcess[str]:
     """`profkit attach` without the report, as the tests run it."""
-    return run_profkit(
-        "attach",
-        "--pid",
-        str(pid),
-        "--duration",
-        str(duration),
-        "--out",
-        str(out),
-        "--no-report",
-        *extra,
-        env=env,
-        timeout=180,
-    )
+    args = attach_args(pid, duration=duration, out=out, report=False, extra=extra, **flags)
+    return run_profkit(*args, env=env, timeout=180)

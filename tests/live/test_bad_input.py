@@ -19,6 +19,7 @@ from profkit.errors import (
     EXIT_USAGE,
 )
 from profkit.host import target as target_module
+from recipes.launch import attach_args
 
 from ..support import NOBODY, SYSTEM_PYTHON, one_line, profkit_in
 
@@ -41,25 +42,22 @@ def sleeper():  # type: ignore[no-untyped-def]
 
 
 CASES = {
-    "nonexistent pid": (["attach", "--pid", "999999999"], EXIT_NO_SUCH_PROCESS),
-    "negative pid": (["attach", "--pid", "-5"], EXIT_NO_SUCH_PROCESS),
-    "duration zero": (["attach", "--pid", "{python}", "--duration", "0"], EXIT_USAGE),
-    "duration negative": (["attach", "--pid", "{python}", "--duration", "-2"], EXIT_USAGE),
-    "unknown collector": (
-        ["attach", "--pid", "{python}", "--collectors", "ebpf,strace"],
-        EXIT_USAGE,
-    ),
-    "non-python process": (["attach", "--pid", "{sleeper}", "--duration", "1"], EXIT_NOT_PYTHON),
-    "garbage option": (["attach", "--pid", "{python}", "--frobnicate"], EXIT_USAGE),
-    "rate out of range": (["attach", "--pid", "{python}", "--rate", "0"], EXIT_USAGE),
-    "duration nan": (["attach", "--pid", "{python}", "--duration", "nan"], EXIT_USAGE),
-    "duration inf": (["attach", "--pid", "{python}", "--duration", "inf"], EXIT_USAGE),
-    "budget nan": (["attach", "--pid", "{python}", "--budget", "nan"], EXIT_USAGE),
-    "cpu budget inf": (["attach", "--pid", "{python}", "--cpu-budget", "inf"], EXIT_USAGE),
-    "max size nan": (["attach", "--pid", "{python}", "--max-size", "nan"], EXIT_USAGE),
-    "perf rate zero": (["attach", "--pid", "{python}", "--perf-rate", "0"], EXIT_USAGE),
-    "empty collectors": (["attach", "--pid", "{python}", "--collectors", ""], EXIT_USAGE),
-    "blank collectors": (["attach", "--pid", "{python}", "--collectors", " , "], EXIT_USAGE),
+    "nonexistent pid": (attach_args(999999999), EXIT_NO_SUCH_PROCESS),
+    "negative pid": (attach_args(-5), EXIT_NO_SUCH_PROCESS),
+    "duration zero": (attach_args("{python}", duration="0"), EXIT_USAGE),
+    "duration negative": (attach_args("{python}", duration="-2"), EXIT_USAGE),
+    "unknown collector": (attach_args("{python}", collectors="ebpf,strace"), EXIT_USAGE),
+    "non-python process": (attach_args("{sleeper}", duration="1"), EXIT_NOT_PYTHON),
+    "garbage option": (attach_args("{python}", extra=["--frobnicate"]), EXIT_USAGE),
+    "rate out of range": (attach_args("{python}", rate="0"), EXIT_USAGE),
+    "duration nan": (attach_args("{python}", duration="nan"), EXIT_USAGE),
+    "duration inf": (attach_args("{python}", duration="inf"), EXIT_USAGE),
+    "budget nan": (attach_args("{python}", budget="nan"), EXIT_USAGE),
+    "cpu budget inf": (attach_args("{python}", cpu_budget="inf"), EXIT_USAGE),
+    "max size nan": (attach_args("{python}", max_size="nan"), EXIT_USAGE),
+    "perf rate zero": (attach_args("{python}", perf_rate="0"), EXIT_USAGE),
+    "empty collectors": (attach_args("{python}", collectors=""), EXIT_USAGE),
+    "blank collectors": (attach_args("{python}", collectors=" , "), EXIT_USAGE),
 }
 
 
@@ -83,9 +81,7 @@ def test_python_without_torch_is_captured_with_a_note(tmp_path: Path) -> None:
     process = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
     try:
         time.sleep(0.5)
-        result = profkit_in(
-            tmp_path, "attach", "--pid", str(process.pid), "--duration", "1", "--out", "b"
-        )
+        result = profkit_in(tmp_path, *attach_args(process.pid, duration=1, out="b"))
         assert result.returncode == 0, result.stderr
         assert "has no torch loaded" in result.stderr
         assert "cpu-fanout" not in result.stdout
@@ -107,9 +103,7 @@ def test_non_root_user(python_target) -> None:  # type: ignore[no-untyped-def]
     doctor = profkit_in(tmp_path, "doctor", user=NOBODY)
     assert doctor.returncode == EXIT_CAPABILITY, doctor.stdout + doctor.stderr
     assert "CAP_SYS_PTRACE" in doctor.stdout
-    attach = profkit_in(
-        tmp_path, "attach", "--pid", str(python_target.pid), "--duration", "1", user=NOBODY
-    )
+    attach = profkit_in(tmp_path, *attach_args(python_target.pid, duration=1), user=NOBODY)
     assert attach.returncode == EXIT_PERMISSION, attach.stderr
     assert "permission denied" in one_line(attach)
     assert list(tmp_path.iterdir()) == []
@@ -125,14 +119,7 @@ def test_output_on_a_full_tmpfs(tmp_path: Path, python_target) -> None:  # type:
         (mount / "filler").write_bytes(b"\0" * 60 * 1024)
         result = profkit_in(
             tmp_path,
-            "attach",
-            "--pid",
-            str(python_target.pid),
-            "--duration",
-            "1",
-            "--out",
-            str(mount / "bundle"),
-            "--no-report",
+            *attach_args(python_target.pid, duration=1, out=mount / "bundle", report=False),
         )
         assert result.returncode == EXIT_OUTPUT, result.stderr
         assert "No space left" in one_line(result) or "cannot write" in result.stderr
@@ -147,9 +134,7 @@ def test_existing_nonempty_output_directory(tmp_path: Path, python_target) -> No
     out = tmp_path / "b"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    result = profkit_in(
-        tmp_path, "attach", "--pid", str(python_target.pid), "--duration", "1", "--out", str(out)
-    )
+    result = profkit_in(tmp_path, *attach_args(python_target.pid, duration=1, out=out))
     assert result.returncode == EXIT_OUTPUT
     assert "exists and is not empty" in one_line(result)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]

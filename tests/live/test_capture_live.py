@@ -18,6 +18,7 @@ from profkit.bundle.read import load_bundle
 from profkit.capture.budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE
 from profkit.capture.startup import LONG_STOP_S
 from profkit.host import procfs
+from recipes.launch import attach_command
 
 from ..support import ROOT, run_profkit
 from .conftest import attach
@@ -270,25 +271,12 @@ def children_of(pid: int) -> list[int]:
 def test_sigint_stops_quickly_and_leaves_nothing(start_recipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "profkit",
-            "attach",
-            "--pid",
-            str(recipe.pid),
-            "--duration",
-            "60",
-            "--out",
-            str(tmp_path / "b"),
-            "--no-report",
-            *ALL,
-            # py-spy notices SIGINT at its next sample and then sleeps one more random gap
-            # (2 s on average at the 1 Hz the budget gives here, up to its 10-s grace):
-            # profkit's own stopping is what is timed.
-            "--rate",
-            "5",
-        ],
+        # py-spy notices SIGINT at its next sample and then sleeps one more random gap
+        # (2 s on average at the 1 Hz the budget gives here, up to its 10-s grace):
+        # profkit's own stopping is what is timed.
+        attach_command(
+            recipe.pid, duration=60, out=tmp_path / "b", report=False, rate=5, extra=ALL
+        ),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

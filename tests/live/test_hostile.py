@@ -25,6 +25,7 @@ from profkit.errors import (
     EXIT_USAGE,
 )
 from profkit.host import procfs
+from recipes.launch import attach_args, attach_command
 
 from ..support import NOBODY, ROOT, SYSTEM_PYTHON, one_line, profkit, profkit_in
 
@@ -160,16 +161,9 @@ def test_out_owned_by_another_user_is_refused_and_no_victim_changes(
     planter = start_planter(out, victims, swap=False)
     try:
         result = profkit(
-            "attach",
-            "--pid",
-            str(python_sleeper.pid),
-            "-d",
-            "1",
-            "-c",
-            "proc,cgroup",
-            "--out",
-            str(out),
-            "--no-report",
+            *attach_args(
+                python_sleeper.pid, duration=1, collectors="proc,cgroup", out=out, report=False
+            ),
             env=run_dir,
         )
     finally:
@@ -197,18 +191,14 @@ def test_links_planted_in_a_swapped_directory_are_never_written_through(
     planter = start_planter(bundle, victims, swap=True)
     try:
         result = profkit(
-            "attach",
-            "--pid",
-            str(python_sleeper.pid),
-            "-d",
-            "1",
-            "-c",
-            "proc,cgroup,perf_record,pyspy",
-            "--rate",
-            "5",
-            "--out",
-            str(bundle),
-            "--no-report",
+            *attach_args(
+                python_sleeper.pid,
+                duration=1,
+                collectors="proc,cgroup,perf_record,pyspy",
+                rate=5,
+                out=bundle,
+                report=False,
+            ),
             env=run_dir,
         )
         planted, _ = planter.communicate(timeout=10)
@@ -240,9 +230,7 @@ def test_out_that_is_a_link_is_refused(
         pointed.chmod(0o755)
     out = tmp_path / "out"
     out.symlink_to(pointed)
-    result = profkit(
-        "attach", "--pid", str(python_sleeper.pid), "-d", "1", "--out", str(out), env=run_dir
-    )
+    result = profkit(*attach_args(python_sleeper.pid, duration=1, out=out), env=run_dir)
     assert result.returncode == EXIT_OUTPUT, result.stderr
     assert "is a symbolic link" in one_line(result)
     assert out.is_symlink()
@@ -258,9 +246,7 @@ def test_out_that_others_may_write_to_is_refused(tmp_path: Path, python_sleeper,
     out = tmp_path / "open"
     out.mkdir()
     out.chmod(0o1777)
-    result = profkit(
-        "attach", "--pid", str(python_sleeper.pid), "-d", "1", "--out", str(out), env=run_dir
-    )
+    result = profkit(*attach_args(python_sleeper.pid, duration=1, out=out), env=run_dir)
     assert result.returncode == EXIT_OUTPUT, result.stderr
     assert "can be written by other users" in one_line(result)
     assert oct(out.stat().st_mode & 0o7777) == "0o1777"
@@ -284,11 +270,10 @@ def test_bad_numbers_exit_2_at_once_and_start_nothing(
     args: list[str], tmp_path: Path, python_sleeper
 ) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "bundle"
-    command = [sys.executable, "-m", "profkit", "attach", "--pid", str(python_sleeper.pid)]
     env = {**os.environ, "PROFKIT_RUN_DIR": str(tmp_path / "run")}
     began = time.monotonic()
     process = subprocess.Popen(
-        [*command, *args, "--out", str(out)],
+        attach_command(python_sleeper.pid, extra=[*args, "--out", str(out)]),
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -352,16 +337,13 @@ def test_an_unexpected_exception_marks_the_bundle_aborted_at_once(
             sys.executable,
             "-c",
             INJECT_FAULT,
-            "attach",
-            "--pid",
-            str(python_sleeper.pid),
-            "-d",
-            "20",
-            "-c",
-            "proc,perf_record",
-            "--out",
-            str(out),
-            "--no-report",
+            *attach_args(
+                python_sleeper.pid,
+                duration=20,
+                collectors="proc,perf_record",
+                out=out,
+                report=False,
+            ),
         ],
         stderr=subprocess.PIPE,
         text=True,
@@ -388,21 +370,9 @@ def test_a_killed_profkits_bundle_is_marked_aborted_by_the_next_run(
 ) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "killed"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "profkit",
-            "attach",
-            "--pid",
-            str(python_sleeper.pid),
-            "-d",
-            "30",
-            "-c",
-            "proc,perf_record",
-            "--out",
-            str(out),
-            "--no-report",
-        ],
+        attach_command(
+            python_sleeper.pid, duration=30, collectors="proc,perf_record", out=out, report=False
+        ),
         stderr=subprocess.DEVNULL,
         cwd=ROOT,
         env={**os.environ, **run_dir},
@@ -416,16 +386,9 @@ def test_a_killed_profkits_bundle_is_marked_aborted_by_the_next_run(
     time.sleep(0.5)  # the tools get SIGTERM from the kernel as their parent dies
     assert json.loads((out / "manifest.json").read_text())["status"] == "capturing"
     later = profkit(
-        "attach",
-        "--pid",
-        str(python_sleeper.pid),
-        "-d",
-        "1",
-        "-c",
-        "proc",
-        "--out",
-        str(tmp_path / "later"),
-        "--no-report",
+        *attach_args(
+            python_sleeper.pid, duration=1, collectors="proc", out=tmp_path / "later", report=False
+        ),
         env=run_dir,
     )
     assert later.returncode == 0, later.stderr
@@ -444,21 +407,13 @@ def test_a_disk_that_fills_mid_capture_aborts_it(tmp_path: Path, python_sleeper,
     try:
         out = mount / "bundle"
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "profkit",
-                "attach",
-                "--pid",
-                str(python_sleeper.pid),
-                "-d",
-                "3",
-                "-c",
-                "proc,cgroup,perf_record",
-                "--out",
-                str(out),
-                "--no-report",
-            ],
+            attach_command(
+                python_sleeper.pid,
+                duration=3,
+                collectors="proc,cgroup,perf_record",
+                out=out,
+                report=False,
+            ),
             stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
@@ -492,21 +447,7 @@ def test_a_second_capture_of_one_target_is_refused_or_forced_and_recorded(
     first = tmp_path / "first"
     pid = str(python_sleeper.pid)
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "profkit",
-            "attach",
-            "--pid",
-            pid,
-            "-d",
-            "6",
-            "-c",
-            "proc",
-            "--out",
-            str(first),
-            "--no-report",
-        ],
+        attach_command(pid, duration=6, collectors="proc", out=first, report=False),
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -517,15 +458,7 @@ def test_a_second_capture_of_one_target_is_refused_or_forced_and_recorded(
         assert time.monotonic() < deadline and process.poll() is None
         time.sleep(0.05)
     second = profkit(
-        "attach",
-        "--pid",
-        pid,
-        "-d",
-        "1",
-        "-c",
-        "proc",
-        "--out",
-        str(tmp_path / "second"),
+        *attach_args(pid, duration=1, collectors="proc", out=tmp_path / "second"),
         env=run_dir,
     )
     assert second.returncode == EXIT_BUSY, second.stderr
@@ -534,17 +467,9 @@ def test_a_second_capture_of_one_target_is_refused_or_forced_and_recorded(
     assert "--force" in line[0]
     assert not (tmp_path / "second").exists()
     forced = profkit(
-        "attach",
-        "--pid",
-        pid,
-        "-d",
-        "1",
-        "-c",
-        "proc",
-        "--out",
-        str(tmp_path / "forced"),
-        "--force",
-        "--no-report",
+        *attach_args(
+            pid, duration=1, collectors="proc", out=tmp_path / "forced", force=True, report=False
+        ),
         env=run_dir,
     )
     assert forced.returncode == 0, forced.stderr
@@ -563,21 +488,9 @@ def test_a_second_capture_of_one_target_is_refused_or_forced_and_recorded(
 def test_perf_killed_by_someone_else_says_so(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "bundle"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "profkit",
-            "attach",
-            "--pid",
-            str(python_sleeper.pid),
-            "-d",
-            "4",
-            "-c",
-            "proc,perf_record",
-            "--out",
-            str(out),
-            "--no-report",
-        ],
+        attach_command(
+            python_sleeper.pid, duration=4, collectors="proc,perf_record", out=out, report=False
+        ),
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -599,21 +512,7 @@ def test_perf_killed_by_someone_else_says_so(tmp_path: Path, python_sleeper, run
 def test_a_target_that_exits_reads_as_such(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "bundle"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "profkit",
-            "attach",
-            "--pid",
-            str(python_sleeper.pid),
-            "-d",
-            "20",
-            "-c",
-            "proc",
-            "--out",
-            str(out),
-            "--no-report",
-        ],
+        attach_command(python_sleeper.pid, duration=20, collectors="proc", out=out, report=False),
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -644,9 +543,7 @@ def test_a_user_profiling_their_own_process_runs_what_they_may(shared_dir: Path)
         time.sleep(0.5)
         pid = str(target.pid)
         paranoid = int(Path("/proc/sys/kernel/perf_event_paranoid").read_text())
-        result = profkit_in(
-            home, "attach", "--pid", pid, "-d", "1", "--out", "b", "--no-report", user=NOBODY
-        )
+        result = profkit_in(home, *attach_args(pid, duration=1, out="b", report=False), user=NOBODY)
         assert result.returncode == 0, result.stderr
         notes = result.stderr.strip().splitlines()
         assert all(line.startswith("profkit: note: ") for line in notes), result.stderr
@@ -661,7 +558,7 @@ def test_a_user_profiling_their_own_process_runs_what_they_may(shared_dir: Path)
             assert f"perf_event_paranoid is {paranoid}" in collectors["perf_record"]["reason"]
             assert any("perf_record not started" in line for line in notes)
         only_ebpf = profkit_in(
-            home, "attach", "--pid", pid, "-d", "1", "-c", "ebpf", "--out", "c", user=NOBODY
+            home, *attach_args(pid, duration=1, collectors="ebpf", out="c"), user=NOBODY
         )
         assert only_ebpf.returncode == EXIT_PERMISSION, only_ebpf.stderr
         assert "none of the collectors asked for can run" in one_line(only_ebpf)
@@ -750,15 +647,7 @@ def test_no_collector_able_to_start_leaves_an_aborted_bundle(
 ) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "bundle"
     result = profkit(
-        "attach",
-        "--pid",
-        str(python_sleeper.pid),
-        "-d",
-        "1",
-        "-c",
-        "perf_record",
-        "--out",
-        str(out),
+        *attach_args(python_sleeper.pid, duration=1, collectors="perf_record", out=out),
         env={**run_dir, "PROFKIT_PERF": str(tmp_path / "no-such-perf")},
     )
     assert result.returncode == EXIT_CAPTURE, result.stderr

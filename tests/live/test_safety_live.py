@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from profkit.host import procfs
+from recipes.launch import attach_args, attach_command
 
 from ..support import ROOT, run_profkit
 from .conftest import Recipe
@@ -80,14 +81,7 @@ def test_attach_detach_thirty_times(start_recipe, tmp_path: Path) -> None:
     for index in range(30):
         out = tmp_path / f"b{index}"
         result = run_profkit(
-            "attach",
-            "--pid",
-            str(recipe.pid),
-            "--duration",
-            "0.3",
-            "--out",
-            str(out),
-            "--no-report",
+            *attach_args(recipe.pid, duration=0.3, out=out, report=False),
             timeout=120,
         )
         assert result.returncode == 0, (index, result.stderr)
@@ -101,20 +95,7 @@ def test_attach_detach_thirty_times(start_recipe, tmp_path: Path) -> None:
 
 def _attach_background(pid: int, out: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "profkit",
-            "attach",
-            "--pid",
-            str(pid),
-            "--duration",
-            "60",
-            "--out",
-            str(out),
-            "--no-report",
-            *extra,
-        ],
+        attach_command(pid, duration=60, out=out, report=False, extra=extra),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -153,14 +134,7 @@ def test_signal_to_profkit_at_a_random_moment(start_recipe, tmp_path: Path, sig)
         assert manifest["status"] == "capturing"
         time.sleep(0.5)
         later = run_profkit(
-            "attach",
-            "--pid",
-            str(recipe.pid),
-            "--duration",
-            "0.3",
-            "--out",
-            str(tmp_path / "next"),
-            "--no-report",
+            *attach_args(recipe.pid, duration=0.3, out=tmp_path / "next", report=False),
             timeout=120,
         )
         assert later.returncode == 0, later.stderr
@@ -181,20 +155,7 @@ def test_signal_to_a_child_tool(start_recipe, tmp_path: Path, tool: str, sig) ->
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "profkit",
-            "attach",
-            "--pid",
-            str(recipe.pid),
-            "--duration",
-            "4",
-            "--out",
-            str(out),
-            "--no-report",
-            *ALL,
-        ],
+        attach_command(recipe.pid, duration=4, out=out, report=False, extra=ALL),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -246,14 +207,7 @@ def test_target_execs_mid_capture(tmp_path: Path) -> None:
         assert target.stdout is not None and target.stdout.readline().startswith("ready")
         out = tmp_path / "b"
         result = run_profkit(
-            "attach",
-            "--pid",
-            str(target.pid),
-            "--duration",
-            "30",
-            "--out",
-            str(out),
-            "--no-report",
+            *attach_args(target.pid, duration=30, out=out, report=False),
             timeout=120,
         )
         assert result.returncode == 0, result.stderr
@@ -283,19 +237,8 @@ def test_bundle_stays_under_max_size(start_recipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     result = run_profkit(
-        "attach",
-        "--pid",
-        str(recipe.pid),
-        "--duration",
-        "2",
-        "--out",
-        str(out),
-        "--no-report",
-        "--max-size",
-        "0.25",
         # The scheduler's slices are the bulk of a bundle; the budget may leave them out.
-        "--ebpf-sched",
-        "on",
+        *attach_args(recipe.pid, duration=2, out=out, report=False, max_size=0.25, ebpf_sched="on"),
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
@@ -313,14 +256,7 @@ def test_no_shell_sees_the_target_command_line(tmp_path: Path) -> None:
     try:
         time.sleep(2.0)
         result = run_profkit(
-            "attach",
-            "--pid",
-            str(target.pid),
-            "--duration",
-            "1",
-            "--out",
-            str(tmp_path / "b"),
-            "--no-report",
+            *attach_args(target.pid, duration=1, out=tmp_path / "b", report=False),
             timeout=120,
         )
         assert result.returncode == 0, result.stderr
@@ -340,22 +276,16 @@ def test_over_the_stop_budget_pyspy_goes_nonblocking(start_recipe, tmp_path: Pat
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     result = run_profkit(
-        "attach",
-        "--pid",
-        str(recipe.pid),
-        "--duration",
-        "10",
-        "--out",
-        str(out),
-        "--no-report",
-        "--collectors",
-        "proc,pyspy",
-        "--rate",
-        "100",
-        "--pyspy-mode",
-        "native",
-        "--stop-budget",
-        "0.1",
+        *attach_args(
+            recipe.pid,
+            duration=10,
+            out=out,
+            report=False,
+            collectors="proc,pyspy",
+            rate=100,
+            pyspy_mode="native",
+            budget=0.1,
+        ),
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
@@ -376,18 +306,9 @@ def test_auto_mode_goes_nonblocking_when_one_hertz_is_over_budget(
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     result = run_profkit(
-        "attach",
-        "--pid",
-        str(recipe.pid),
-        "--duration",
-        "2",
-        "--out",
-        str(out),
-        "--no-report",
-        "--collectors",
-        "proc,pyspy",
-        "--budget",
-        "0.1",
+        *attach_args(
+            recipe.pid, duration=2, out=out, report=False, collectors="proc,pyspy", budget=0.1
+        ),
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
@@ -400,21 +321,16 @@ def test_over_the_cpu_budget_a_collector_is_dropped(start_recipe, tmp_path: Path
     recipe = start_recipe("shm_fanout.py", "--threads", "4")
     out = tmp_path / "b"
     result = run_profkit(
-        "attach",
-        "--pid",
-        str(recipe.pid),
-        "--duration",
-        "7",
-        "--out",
-        str(out),
-        "--no-report",
-        "--collectors",
-        "proc,cgroup,pyspy",
         # No --native stops, so that the stop budget cannot act first.
-        "--pyspy-mode",
-        "nonblocking",
-        "--cpu-budget",
-        "0.0001",
+        *attach_args(
+            recipe.pid,
+            duration=7,
+            out=out,
+            report=False,
+            collectors="proc,cgroup,pyspy",
+            pyspy_mode="nonblocking",
+            cpu_budget=0.0001,
+        ),
         timeout=120,
     )
     assert result.returncode == 0, result.stderr

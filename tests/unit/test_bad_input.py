@@ -9,12 +9,13 @@ import pytest
 
 from profkit.errors import EXIT_NOT_PYTHON, EXIT_PERMISSION
 from profkit.host import target as target_module
+from recipes.launch import attach_args
 
 from ..support import one_line, profkit_in
 
 
 def test_pid_1(tmp_path: Path) -> None:
-    result = profkit_in(tmp_path, "attach", "--pid", "1", "--duration", "1")
+    result = profkit_in(tmp_path, *attach_args(1, duration=1))
     assert result.returncode in (EXIT_NOT_PYTHON, EXIT_PERMISSION), result.stderr
     line = one_line(result)
     if os.geteuid() == 0:
