@@ -1,13 +1,18 @@
-"""How the recipes, the benchmarks and the tests start `profkit attach`: one command line, built
-in one place. Importable from the repository root (`from recipes.launch import ...`), where
-recipes and benchmarks put it on sys.path and pytest runs.
+"""How the recipes, the benchmarks and the tests start `profkit attach` and put a process into a
+quota group, each built in one place. Importable from the repository root
+(`from recipes.launch import ...`), which recipes and benchmarks put on sys.path and where pytest
+runs.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from profkit.host.sandbox import QuotaGroup
 
 Value = int | float | str
 
@@ -57,3 +62,11 @@ def attach_args(
 def attach_command(pid: Value, *, python: str = sys.executable, **flags: Any) -> list[str]:
     """`python -m profkit attach ...`: the whole command line, for subprocess."""
     return [python, "-m", "profkit", *attach_args(pid, **flags)]
+
+
+def join_quota(group: QuotaGroup | None) -> Callable[[], None] | None:
+    """A preexec_fn that puts the child into `group` (QuotaGroup.add) before it execs, so that no
+    thread of it ever runs outside the quota; None where there is no group."""
+    if group is None:
+        return None
+    return lambda: group.add(os.getpid())

@@ -18,7 +18,7 @@ import pytest
 
 from profkit.host import procfs
 from profkit.host.sandbox import QuotaGroup, quota_group
-from recipes.launch import attach_args
+from recipes.launch import attach_args, join_quota
 
 from ..support import RECIPES, ROOT, run_profkit
 
@@ -83,19 +83,12 @@ def _start(
     env: dict[str, str] | None,
     python: str | None = None,
 ) -> Recipe:
-    leaf_procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs] if group else []
-
-    def join() -> None:
-        for procs in leaf_procs:
-            with open(procs, "w") as handle:
-                handle.write(str(os.getpid()))
-
     process = subprocess.Popen(
         [python or sys.executable, "-u", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        preexec_fn=join if group else None,
+        preexec_fn=join_quota(group),
         env={**os.environ, **(env or {})},
         cwd=ROOT,
     )

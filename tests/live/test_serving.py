@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from recipes.launch import join_quota
 from recipes.mm_serving.load import run_load
 from recipes.mm_serving.model import VisionStep, decode_ppm, make_image, preprocess, summary
 
@@ -89,12 +90,6 @@ def test_run_cap_threads_sets_the_pool_from_the_quota(start_recipe, tmp_path: Pa
         "time.sleep(30)\n"
     )
     with quota_group(1.5) as group:
-        procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs]
-
-        def join() -> None:
-            for path in procs:
-                Path(path).write_text(str(os.getpid()))
-
         result = subprocess.run(
             [
                 sys.executable,
@@ -120,7 +115,7 @@ def test_run_cap_threads_sets_the_pool_from_the_quota(start_recipe, tmp_path: Pa
             capture_output=True,
             text=True,
             timeout=120,
-            preexec_fn=join,
+            preexec_fn=join_quota(group),
         )
     assert result.returncode == 0, result.stderr
     assert "OMP_NUM_THREADS=1" in result.stderr and "= 1.5 CPUs set by" in result.stderr
