@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
 DATA = Path(__file__).resolve().parent / "data"
@@ -123,3 +125,23 @@ def profkit_in(cwd: Path, *args: str, user: int | None = None) -> subprocess.Com
         finally:
             shutil.rmtree(site, ignore_errors=True)
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+
+
+def profkit_as_other_user(*args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """profkit run by a user other than root, in a fresh directory that user may write to: the
+    tests' own user where that is not root, else nobody. Gives the result and what was left in
+    that directory."""
+    import tempfile
+
+    user = None
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None or not Path(SYSTEM_PYTHON).exists():
+            pytest.skip(f"needs setpriv and {SYSTEM_PYTHON} to run profkit as nobody")
+        user = NOBODY
+    cwd = Path(tempfile.mkdtemp(prefix="profkit-other-user-"))
+    try:
+        cwd.chmod(0o777)
+        result = profkit_in(cwd, *args, user=user)
+        return result, sorted(p.name for p in cwd.iterdir())
+    finally:
+        shutil.rmtree(cwd, ignore_errors=True)

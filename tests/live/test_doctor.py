@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 
 import pytest
 
-from profkit.host.capabilities import MISSING, OK, UNSUPPORTED
+from profkit.host.capabilities import MISSING, OK
 
 from ..support import run_profkit
 
@@ -28,12 +27,8 @@ def test_doctor_matches_the_machine() -> None:
     if perf is None:
         assert checks["perf"]["status"] == MISSING
         return
-    direct = subprocess.run(
-        [perf, "stat", "-x,", "-e", "cycles", "--", "true"], capture_output=True, text=True
-    )
-    hardware_works = "<not supported>" not in direct.stderr and "<not counted>" not in direct.stderr
-    expected = OK if hardware_works else UNSUPPORTED
-    assert checks["perf hardware counters"]["status"] == expected
+    # What perf's counts make of the hardware counters is tested on known counts in
+    # tests/unit/test_doctor.py; as root, every software event counts.
     assert checks["perf software events"]["status"] == OK
     # bcc "ok" must mean a program really compiled: the header link is what makes that work.
     if checks["kernel headers"]["status"] == OK and checks["CAP_BPF"]["status"] == OK:

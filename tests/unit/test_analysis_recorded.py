@@ -53,8 +53,8 @@ def test_numpy_copy_has_no_fanout() -> None:
 def test_two_sites_attribution() -> None:
     report = report_dict(analyse_bundle(DATA / "two_sites"))
     shares = {row["function"]: row["share"] for row in report["attribution"]}
-    assert shares["copy_fanout"] >= 0.9
-    assert "copy_single" not in shares or shares["copy_single"] <= 0.1
+    # copy_single copies with one thread (torch.set_num_threads(1)): no pool CPU is its.
+    assert shares == {"copy_fanout": pytest.approx(1.0)}
 
 
 @pytest.mark.parametrize("name", ["fanout_quota", "numpy_copy", "two_sites"])
@@ -91,10 +91,12 @@ def test_text_fits_80_columns(name: str) -> None:
 def test_report_cli_without_root_flags(tmp_path: Path) -> None:
     result = run_profkit("report", str(DATA / "fanout_quota"), "--format", "json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["findings"][0]["id"] in (
+    # Both high; findings of one severity keep the order analysis finds them in, fan-out first.
+    assert [f["id"] for f in json.loads(result.stdout)["findings"]] == [
         "cpu-fanout",
         "quota-oversubscription",
-    )
+        "python-blind-spot",
+    ]
 
 
 def test_missing_collector_is_not_a_zero(tmp_path: Path) -> None:
