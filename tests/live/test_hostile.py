@@ -356,7 +356,12 @@ def test_an_unexpected_exception_marks_the_bundle_aborted_at_once(
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "aborted"
     assert manifest["status_reason"] == "internal error: RuntimeError: injected fault"
-    assert manifest["collectors"]["perf_record"]["status"] in ("ok", "partial")
+    # perf was stopped by profkit: its result stands, "ok" with samples of the mostly sleeping
+    # target, "partial" for want of any.
+    perf = manifest["collectors"]["perf_record"]
+    assert (perf["status"], perf["reason"]) == (
+        ("ok", "") if perf["samples"] else ("partial", "no samples")
+    ), perf
     assert not (out / "perf.data").exists()
     assert tools_writing_into(process.pid) == []
     assert list(Path(run_dir["PROFKIT_RUN_DIR"]).glob("*.json")) == []
@@ -497,14 +502,19 @@ def test_perf_killed_by_someone_else_says_so(tmp_path: Path, python_sleeper, run
         env={**os.environ, **run_dir},
     )
     deadline = time.monotonic() + 30
-    while not (perf := [t for t in tools_writing_into(process.pid) if " record " in t]):
+    # Killed once it has made perf.data: what it wrote is read, and the result is partial (a
+    # perf killed before that has nothing to read, and fails).
+    while (
+        not (perf := [t for t in tools_writing_into(process.pid) if " record " in t])
+        or not (out / "perf.data").exists()
+    ):
         assert time.monotonic() < deadline and process.poll() is None
         time.sleep(0.05)
     os.kill(int(perf[0].split(":")[0]), signal.SIGKILL)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
     result = json.loads((out / "manifest.json").read_text())["collectors"]["perf_record"]
-    assert result["status"] in ("partial", "failed"), result
+    assert result["status"] == "partial", result
     assert result["reason"] == "perf was killed by SIGKILL, not by profkit", result
 
 

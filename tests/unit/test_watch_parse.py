@@ -7,6 +7,7 @@ import os
 import pytest
 
 from profkit.errors import UsageError
+from profkit.watch import labels as labels_module
 from profkit.watch.labels import kubernetes, short_name
 from profkit.watch.options import Listen, parse_listen
 from profkit.watch.profiles import series_name
@@ -40,12 +41,14 @@ def test_short_name(cmdline: tuple[str, ...], name: str) -> None:
         f"12:cpu,cpuacct:/kubepods/burstable/pod{POD_UID}/{CONTAINER}\n11:memory:/kubepods\n",
     ],
 )
-def test_kubernetes_labels_from_either_driver(cgroup: str) -> None:
+def test_kubernetes_labels_from_either_driver(cgroup: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without HOSTNAME in the process's environment the pod is named by its uid.
+    monkeypatch.setattr(labels_module.procfs, "read_environ", lambda pid: {})
     labels = kubernetes(os.getpid(), cgroup)
-    assert labels["container"] == CONTAINER[:12]
-    # This process is no pod: its HOSTNAME (if any) names the pod, else the uid does.
-    assert labels["pod"] in (os.environ.get("HOSTNAME", ""), POD_UID) and labels["pod"]
-    assert labels["namespace"] == ""  # no service-account mount here
+    assert labels == {"namespace": "", "pod": POD_UID, "container": CONTAINER[:12]}
+    # The kubelet sets a pod's HOSTNAME to the pod's name, which then names it.
+    monkeypatch.setattr(labels_module.procfs, "read_environ", lambda pid: {"HOSTNAME": "web-7f9c"})
+    assert kubernetes(os.getpid(), cgroup)["pod"] == "web-7f9c"
 
 
 def test_not_kubernetes() -> None:
