@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from profkit.analysis.attribution import expand_samples, stack_info  # noqa: E402
 from profkit.bundle.read import load_bundle  # noqa: E402
+from recipes.launch import attach_command  # noqa: E402
 
 
 def offsets(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -64,25 +65,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         bundle_dir = Path(scratch) / "b"
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "profkit",
-                "attach",
-                "--pid",
-                str(recipe.pid),
-                "--duration",
-                str(args.seconds),
-                "--rate",
-                str(args.rate),
-                "--stop-budget",
-                "100",
-                "--collectors",
-                "ebpf,proc,pyspy",
-                "--out",
-                str(bundle_dir),
-                "--no-report",
-            ],
+            attach_command(
+                recipe.pid,
+                duration=args.seconds,
+                rate=args.rate,
+                budget=100,
+                collectors="ebpf,proc,pyspy",
+                out=bundle_dir,
+                report=False,
+            ),
             check=True,
             cwd=ROOT,
             stdout=subprocess.DEVNULL,

@@ -28,24 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import ROOT, TARGETS  # the targets and their progress readers
 
+sys.path.insert(0, str(ROOT))
+
+from recipes.launch import attach_command
+
 
 def attach(pid: int, duration: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as scratch:
         began = time.monotonic_ns()
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "profkit",
-                "attach",
-                "--pid",
-                str(pid),
-                "--duration",
-                str(duration),
-                "--out",
-                f"{scratch}/b",
-                "--no-report",
-            ],
+            attach_command(pid, duration=duration, out=f"{scratch}/b", report=False),
             capture_output=True,
             check=False,
             cwd=ROOT,

@@ -16,6 +16,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from recipes.launch import attach_command  # noqa: E402
 
 
 def peak_kib(pid: int) -> int:
@@ -49,21 +52,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "b"
         profkit = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "profkit",
-                "attach",
-                "--pid",
-                str(recipe.pid),
-                "--duration",
-                str(args.seconds),
-                "--out",
-                str(out),
-                "--no-report",
-                "--collectors",
-                "all",
-            ],
+            attach_command(
+                recipe.pid, duration=args.seconds, out=out, report=False, collectors="all"
+            ),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
         )

@@ -35,6 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from recipes.launch import attach_command  # noqa: E402
+
 PYSPY = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
 DEFAULT_CONFIGS = (
     "profkit-default,profkit-default-nonblocking,pyspy-native-100hz,profkit-proc,"
@@ -214,22 +218,15 @@ def profile(config: Config, pid: int, seconds: float) -> tuple[int, int, str]:
             )
             # py-spy attaches for a moment before it samples; skip its first half second.
             return start + 500_000_000, time.monotonic_ns(), ""
-        args = [
-            sys.executable,
-            "-m",
-            "profkit",
-            "attach",
-            "--pid",
-            str(pid),
-            "--duration",
-            str(seconds),
-            "--out",
-            f"{scratch}/b",
-            "--no-report",
-        ]
-        args += ["--collectors", config.collectors] if config.collectors else []
-        args += ["--rate", config.rate] if config.rate else []
-        args += ["--pyspy-mode", config.mode] if config.mode else []
+        args = attach_command(
+            pid,
+            duration=seconds,
+            out=f"{scratch}/b",
+            report=False,
+            collectors=config.collectors or None,
+            rate=config.rate or None,
+            pyspy_mode=config.mode or None,
+        )
         subprocess.run(args, capture_output=True, check=False, cwd=ROOT)
         manifest = json.loads(Path(f"{scratch}/b/manifest.json").read_text())
         window = manifest["window"]

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from profkit.host.sandbox import QuotaGroup, quota_group  # noqa: E402
+from recipes.launch import join_quota  # noqa: E402
 
 PROGRESS = re.compile(r"^progress copies=(\d+) t_ns=(\d+)")
 
@@ -74,19 +75,12 @@ class Arm:
 
 
 def start_recipe(group: QuotaGroup) -> Run:
-    procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs]
-
-    def join() -> None:
-        for path in procs:
-            with open(path, "w") as handle:
-                handle.write(str(os.getpid()))
-
     process = subprocess.Popen(
         [sys.executable, "-u", str(ROOT / "recipes" / "shm_fanout.py"), "--report-every", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        preexec_fn=join,
+        preexec_fn=join_quota(group),
         cwd=ROOT,
     )
     run = Run(process)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from profkit.errors import CgroupError  # noqa: E402
 from profkit.host.sandbox import QuotaGroup, quota_group  # noqa: E402
+from recipes.launch import attach_args, join_quota  # noqa: E402
 
 
 def profkit(*args: str) -> int:
@@ -29,12 +29,6 @@ def profkit(*args: str) -> int:
 
 
 def start_recipe(group: QuotaGroup | None, threads: int) -> subprocess.Popen[str]:
-    procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs] if group else []
-
-    def join() -> None:
-        for path in procs:
-            Path(path).write_text(str(os.getpid()))
-
     command = [
         sys.executable,
         "-u",
@@ -46,7 +40,7 @@ def start_recipe(group: QuotaGroup | None, threads: int) -> subprocess.Popen[str
     ]
     print("$ " + " ".join(command[1:]), flush=True)
     recipe = subprocess.Popen(
-        command, preexec_fn=join if group else None, stdout=subprocess.PIPE, text=True
+        command, preexec_fn=join_quota(group), stdout=subprocess.PIPE, text=True
     )
     assert recipe.stdout is not None
     print(recipe.stdout.readline().rstrip(), flush=True)
@@ -65,15 +59,9 @@ def serving_demo(cores: float, duration: float, out: Path) -> int:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with contextlib.ExitStack() as stack:
-        procs: list[str] = []
+        group: QuotaGroup | None = None
         with contextlib.suppress(CgroupError):
             group = stack.enter_context(quota_group(cores))
-            procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs]
-
-        def join() -> None:
-            for path in procs:
-                Path(path).write_text(str(os.getpid()))
-
         command = [
             sys.executable,
             "-u",
@@ -90,7 +78,7 @@ def serving_demo(cores: float, duration: float, out: Path) -> int:
         ]
         print("\n$ " + " ".join(command[1:]) + f"   (in a {cores:g}-core quota)", flush=True)
         front = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=join if procs else None
+            command, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=join_quota(group)
         )
         assert front.stdout is not None
         print(front.stdout.readline().rstrip(), flush=True)
@@ -106,9 +94,7 @@ def serving_demo(cores: float, duration: float, out: Path) -> int:
         driver.start()
         try:
             time.sleep(1.0)
-            return profkit(
-                "attach", "--pid", str(front.pid), "--duration", str(duration), "--out", str(out)
-            )
+            return profkit(*attach_args(front.pid, duration=duration, out=out))
         finally:
             stop.set()
             driver.join(timeout=60)
@@ -146,13 +132,7 @@ def main() -> int:
 
                 shutil.rmtree(out)
             code = profkit(
-                "attach",
-                "--pid",
-                str(recipe.pid),
-                "--duration",
-                str(args.duration),
-                "--out",
-                str(out),
+                *attach_args(recipe.pid, duration=args.duration, out=out),
             )
         finally:
             recipe.send_signal(signal.SIGINT)

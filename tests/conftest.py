@@ -1,183 +1,45 @@
-"""Shared fixtures: real recipe processes, optionally inside a real cgroup quota."""
+"""What a test is follows from where it lives, and what it asks for is said by its markers.
+
+tests/unit: recorded bundles, synthetic data, parsers, and profkit's command line on them. No
+root, no process started but profkit itself; it runs anywhere, in seconds.
+tests/live: everything that starts a process for profkit to look at, runs a program that reads
+profkit's outputs (Chromium, Go's pprof, Prometheus, promtool, pip), or needs root. Each test
+there is marked `live`, so that `-m "not live"` selects tests/unit.
+
+`root` marks a test that needs root (cgroups, ptrace, perf, bcc, other users); it is skipped
+where the tests do not run as root. A test under tests/unit marked `root` or `live` stops the
+collection: it belongs in tests/live.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from profkit.host import procfs
-from profkit.host.sandbox import QuotaGroup, quota_group
-
-ROOT = Path(__file__).resolve().parent.parent
-RECIPES = ROOT / "recipes"
-DATA = Path(__file__).resolve().parent / "data"
+HERE = Path(__file__).resolve().parent
+UNIT = HERE / "unit"
+LIVE = HERE / "live"
 
 
-def needs_root() -> pytest.MarkDecorator:
-    return pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, ptrace, perf, bpf)")
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misplaced = []
+    for item in items:
+        path = Path(item.path).resolve()
+        if path.is_relative_to(LIVE):
+            item.add_marker(pytest.mark.live)
+        elif path.is_relative_to(UNIT):
+            asked = [name for name in ("root", "live") if item.get_closest_marker(name)]
+            if asked:
+                misplaced.append(f"{item.nodeid} (marked {', '.join(asked)})")
+    if misplaced:
+        raise pytest.UsageError(
+            "tests under tests/unit may need neither root nor real processes; move these to "
+            "tests/live:\n  " + "\n  ".join(misplaced)
+        )
 
 
-class Recipe:
-    """A running recipe process; stopped (never left stopped) when the test ends.
-
-    Its output is read all the time by a thread: a recipe that prints progress into a pipe
-    nobody reads would block in write() once the pipe fills, and a test would then profile a
-    blocked process."""
-
-    def __init__(self, process: subprocess.Popen[str], group: QuotaGroup | None) -> None:
-        self.process = process
-        self.group = group
-        self.pid = process.pid
-        self.output = ""
-        self._lines: queue.Queue[str] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, name="recipe-output", daemon=True)
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self._lines.put(line)
-
-    def start_reading(self) -> None:
-        self._reader.start()
-
-    def readline(self, timeout: float) -> str:
-        """The next line the recipe printed, or "" if none came within timeout seconds."""
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            return ""
-        self.output += line
-        return line
-
-    def stop(self) -> str:
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGCONT)
-                self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._reader.join(timeout=10)
-        while not self._lines.empty():
-            self.output += self._lines.get()
-        return self.output
-
-    def copies(self) -> int:
-        for line in reversed(self.output.splitlines()):
-            if line.startswith("copies="):
-                return int(line.split()[0].split("=")[1])
-        raise AssertionError(f"recipe printed no summary: {self.output!r}")
-
-
-def _start(
-    args: list[str],
-    group: QuotaGroup | None,
-    env: dict[str, str] | None,
-    python: str | None = None,
-) -> Recipe:
-    leaf_procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs] if group else []
-
-    def join() -> None:
-        for procs in leaf_procs:
-            with open(procs, "w") as handle:
-                handle.write(str(os.getpid()))
-
-    process = subprocess.Popen(
-        [python or sys.executable, "-u", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=join if group else None,
-        env={**os.environ, **(env or {})},
-        cwd=ROOT,
-    )
-    recipe = Recipe(process, group)
-    assert process.stdout is not None
-    first = process.stdout.readline()  # the recipe prints its header once torch is loaded
-    recipe.output = first
-    recipe.start_reading()
-    if not first.startswith(("shm_fanout", "ready")):
-        recipe.stop()
-        raise AssertionError(f"recipe failed to start: {recipe.output}")
-    return recipe
-
-
-@pytest.fixture
-def start_recipe() -> Iterator:
-    """start_recipe(script, *args, cores=None, on_parent=False, env=None, warmup=0.5,
-    python=None): python is another interpreter to run the recipe with."""
-    started: list[Recipe] = []
-    stack = contextlib.ExitStack()
-
-    def start(
-        script: str,
-        *args: str,
-        cores: float | None = None,
-        on_parent: bool = False,
-        env: dict[str, str] | None = None,
-        warmup: float = 0.5,
-        python: str | None = None,
-    ) -> Recipe:
-        group = stack.enter_context(quota_group(cores, on_parent=on_parent)) if cores else None
-        recipe = _start([str(RECIPES / script), *args], group, env, python)
-        started.append(recipe)
-        time.sleep(warmup)
-        return recipe
-
-    with stack:
-        yield start
-        for recipe in started:
-            recipe.stop()
-            state = _state(recipe.pid)
-            assert state != "T", "a test left a recipe stopped"
-
-
-def _state(pid: int) -> str | None:
-    try:
-        return procfs.read_stat(pid).state
-    except FileNotFoundError:
-        return None
-
-
-def run_profkit(
-    *args: str, timeout: float = 120, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "profkit", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def attach(
-    pid: int, out: Path, *extra: str, env: dict[str, str] | None = None, duration: float = 4.0
-) -> subprocess.CompletedProcess[str]:
-    """`profkit attach` without the report, as the tests run it."""
-    return run_profkit(
-        "attach",
-        "--pid",
-        str(pid),
-        "--duration",
-        str(duration),
-        "--out",
-        str(out),
-        "--no-report",
-        *extra,
-        env=env,
-        timeout=180,
-    )
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("root") and os.geteuid() != 0:
+        pytest.skip("needs root (cgroups, ptrace, perf, bcc, other users)")

@@ -146,15 +146,8 @@ def _remove(created: list[Path]) -> None:
 def run_in_quota(cores: float, command: Sequence[str], *, on_parent: bool = False) -> int:
     """Run a command to completion inside a fresh quota group, then remove the group."""
     with quota_group(cores, on_parent=on_parent) as group:
-        leaf_procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs]
-
-        def join_group() -> None:
-            # Joined before exec, so that no thread of the command ever runs outside the quota.
-            for procs in leaf_procs:
-                with open(procs, "w") as handle:
-                    handle.write(str(os.getpid()))
-
-        process = subprocess.Popen(list(command), preexec_fn=join_group)
+        # Joined before exec, so that no thread of the command ever runs outside the quota.
+        process = subprocess.Popen(list(command), preexec_fn=lambda: group.add(os.getpid()))
         try:
             return process.wait()
         except KeyboardInterrupt:

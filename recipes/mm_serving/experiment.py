@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
 import signal
 import socket
@@ -32,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from profkit.errors import CgroupError  # noqa: E402
-from profkit.host.sandbox import quota_group  # noqa: E402
+from profkit.host.sandbox import QuotaGroup, quota_group  # noqa: E402
+from recipes.launch import attach_command, join_quota  # noqa: E402
 from recipes.mm_serving.load import run_load  # noqa: E402
 
 
@@ -161,7 +161,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_front(arm: Arm, config: Config, port: int, procs: list[str]) -> subprocess.Popen:
+def start_front(arm: Arm, config: Config, port: int, group: QuotaGroup | None) -> subprocess.Popen:
     command = [
         sys.executable,
         "-u",
@@ -178,13 +178,8 @@ def start_front(arm: Arm, config: Config, port: int, procs: list[str]) -> subpro
         command.append("--autothreads")
     elif arm.threads != "default":
         command += ["--threads", str(int(arm.threads))]
-
-    def join() -> None:
-        for path in procs:
-            Path(path).write_text(str(os.getpid()))
-
     front = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=join if procs else None
+        command, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=join_quota(group)
     )
     assert front.stdout is not None
     line = front.stdout.readline()
@@ -213,12 +208,11 @@ def one_run(arm: Arm, round_index: int, config: Config, out: Path) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with contextlib.ExitStack() as stack:
-        procs: list[str] = []
+        group: QuotaGroup | None = None
         if config.quota_cores:
             with contextlib.suppress(CgroupError):
                 group = stack.enter_context(quota_group(config.quota_cores))
-                procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs]
-        front = start_front(arm, config, port, procs)
+        front = start_front(arm, config, port, group)
         try:
             asyncio.run(run_load(url, config.concurrency, config.warmup, 10_000, config.image_size))
             measured, _ = asyncio.run(
@@ -239,21 +233,13 @@ def one_run(arm: Arm, round_index: int, config: Config, out: Path) -> dict:
 
 def profile(pid: int, url: str, config: Config, bundle: Path) -> dict:
     """profkit attached to the front while a second load runs; its top finding."""
-    command = [
-        sys.executable,
-        "-m",
-        "profkit",
-        "attach",
-        "--pid",
-        str(pid),
-        "--duration",
-        str(config.profile_seconds),
-        "--out",
-        str(bundle),
-        "--no-report",
-    ]
-    if config.profile_collectors:
-        command += ["--collectors", config.profile_collectors]
+    command = attach_command(
+        pid,
+        duration=config.profile_seconds,
+        out=bundle,
+        report=False,
+        collectors=config.profile_collectors or None,
+    )
     attach = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )

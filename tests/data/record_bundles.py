@@ -20,6 +20,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from profkit.host.sandbox import quota_group  # noqa: E402
+from recipes.launch import attach_command, join_quota  # noqa: E402
 
 CASES = {
     "fanout_quota": (["recipes/shm_fanout.py", "--copy", "torch", "--threads", "8"], 0.5),
@@ -46,30 +47,15 @@ def record(name: str, command: list[str], cores: float | None) -> None:
     scratch = Path("/tmp") / f"profkit-record-{name}"
     shutil.rmtree(scratch, ignore_errors=True)
     with quota_group(cores) if cores else _nothing() as group:
-        procs = [str(leaf / "cgroup.procs") for leaf in group.leaf_dirs] if group else []
-
-        def join() -> None:
-            for path in procs:
-                Path(path).write_text(str(__import__("os").getpid()))
-
         target = subprocess.Popen(
-            [sys.executable, *command], cwd=ROOT, preexec_fn=join, stdout=subprocess.DEVNULL
+            [sys.executable, *command],
+            cwd=ROOT,
+            preexec_fn=join_quota(group),
+            stdout=subprocess.DEVNULL,
         )
         time.sleep(2.5)
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "profkit",
-                "attach",
-                "--pid",
-                str(target.pid),
-                "--duration",
-                "3",
-                "--out",
-                str(scratch),
-                "--no-report",
-            ],
+            attach_command(target.pid, duration=3, out=scratch, report=False),
             check=True,
             cwd=ROOT,
         )

@@ -1,0 +1,60 @@
+"""The overhead benchmark's output on a real (short) run: its structure, never its timings."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from ..support import ROOT
+
+
+@pytest.mark.root
+@pytest.mark.timeout(240)
+def test_a_short_run_prints_one_row_per_configuration_and_pool(tmp_path) -> None:
+    raw = tmp_path / "ratios.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/overhead.py",
+            "--targets",
+            "fanout",
+            "--threads",
+            "2,4",
+            "--rounds",
+            "2",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0.5",
+            "--configs",
+            "profkit-proc,pyspy-native-20hz,noop",
+            "--json",
+            str(raw),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=True,
+    )
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("fanout ")]
+    # Per pool size: the noise floor first, then each configuration once (in the order the
+    # shuffled first round ran them).
+    assert [row[1] for row in rows] == ["2"] * 4 + ["4"] * 4
+    for block in (rows[:4], rows[4:]):
+        assert block[0][2] == "bare"
+        assert sorted(row[2] for row in block[1:]) == ["noop", "profkit-proc", "pyspy-native-20hz"]
+    ratios = json.loads(raw.read_text())
+    assert sorted(ratios) == ["fanout:2", "fanout:4"]
+    for by_config in ratios.values():
+        # Every round ran every configuration once, between two bare windows.
+        assert len(by_config["profkit-proc"]) == len(by_config["pyspy-native-20hz"]) == 2
+        assert len(by_config["noop"]) == 2
+        assert len(by_config["bare"]) == 7
+        assert all(
+            math.isfinite(value) and value > 0 for values in by_config.values() for value in values
+        )

@@ -1,0 +1,38 @@
+"""A non-editable build ships the eBPF programs inside the wheel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from ..support import ROOT
+
+
+def test_wheel_contains_probes(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    wheel = next(tmp_path.glob("profkit-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    probes = sorted(p.name for p in (ROOT / "profkit/capture/ebpf/probes").glob("*.bpf.c"))
+    assert probes, "the project has eBPF programs to ship"
+    for probe in probes:
+        assert f"profkit/capture/ebpf/probes/{probe}" in names
+    assert "profkit/cli.py" in names and "profkit/commands/doctor.py" in names

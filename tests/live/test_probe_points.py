@@ -1,0 +1,45 @@
+"""benchmarks/probe_cost.py on this machine: it loads its probes into torch's own libgomp."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ..support import ROOT
+
+torch = pytest.importorskip("torch")
+LIBGOMP = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
+needs_libgomp = pytest.mark.skipif(not LIBGOMP, reason="this torch build bundles no libgomp")
+
+
+@needs_libgomp
+@pytest.mark.root
+@pytest.mark.timeout(180)
+def test_probe_cost_benchmark_prints_every_layout() -> None:
+    """benchmarks/probe_cost.py on this machine: one line per probe layout, never a timing."""
+    import subprocess
+    import sys
+
+    from profkit.capture.ebpf.loader import BccUnavailable, load_bcc
+
+    try:
+        load_bcc()
+    except BccUnavailable as exc:
+        pytest.skip(f"bcc unavailable: {exc}")
+    result = subprocess.run(
+        [sys.executable, "benchmarks/probe_cost.py", "--rounds", "1", "--seconds", "0.3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=True,
+    )
+    lines = [line for line in result.stdout.splitlines() if not line.startswith("#")]
+    assert [line.split(" probes:")[0].split()[:-1] for line in lines] == [
+        ["symbol", "+", "each", "ret"],
+        ["emulated", "points"],
+        ["emulated", "+", "walker"],
+    ]
+    for line in lines:
+        assert "us per region" in line and "ratio" in line

@@ -1,0 +1,236 @@
+"""The eBPF Python stack walker on real processes: every region carries the stack that
+dispatched it, on every supported CPython, and an interpreter it does not know falls back."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ..support import RECIPES, run_profkit
+from .conftest import attach
+
+pytestmark = pytest.mark.root
+
+PYENV = Path(os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))) / "versions"
+SITES = {"site_one": 1, "site_two": 2, "site_three": 3}
+
+
+def line_of(needle: str) -> int:
+    lines = (RECIPES / "sites.py").read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if needle in text)
+
+
+def interpreter(minor: str) -> str | None:
+    found = sorted(PYENV.glob(f"{minor}.*/bin/python{minor}"))
+    return str(found[-1]) if found else None
+
+
+def report_of(out: Path) -> dict:
+    reported = run_profkit("report", str(out), "--format", "json")
+    assert reported.returncode == 0, reported.stderr
+    return json.loads(reported.stdout)
+
+
+def python_part(out: Path) -> dict:
+    return json.loads((out / "ebpf.json").read_text())["python"]
+
+
+def grafts(folded: str) -> set[tuple[str, ...]]:
+    """The Python functions above each "[openmp pool" frame of a folded merged export."""
+    chains = set()
+    for line in folded.splitlines():
+        frames = line.rsplit(" ", 1)[0].split(";")
+        pool = next((i for i, f in enumerate(frames) if f.startswith("[openmp pool")), None)
+        if pool is not None:
+            chains.add(tuple(f.split(" (")[0] for f in frames[1:pool]))
+    return chains
+
+
+def assert_ratio(counts: dict[str, float], tolerance: float) -> None:
+    """counts per site against 1:2:3, each within `tolerance` (relative)."""
+    unit = counts["site_one"]
+    for site, weight in SITES.items():
+        assert counts[site] == pytest.approx(weight * unit, rel=tolerance), counts
+
+
+def test_three_sites_at_default_settings(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
+    captured = attach(recipe.pid, tmp_path / "b", duration=5.0)
+    assert captured.returncode == 0, captured.stderr
+    report = report_of(tmp_path / "b")
+    rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
+    assert set(rows) == set(SITES), report["attribution"]
+    assert {r["method"] for r in rows.values()} == {"stack"}
+    # Region counts in the recipe's ratio: only the rounds cut by the window's edges differ.
+    assert_ratio({site: rows[site]["regions"] for site in SITES}, 0.01)
+    # The same copy at each site: the pool's CPU splits the same way.
+    for site, weight in SITES.items():
+        assert rows[site]["share"] == pytest.approx(weight / 6, abs=0.05), rows
+        line = line_of("# " + site.replace("_", " "))
+        assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
+    pool = next(p for p in report["pools"] if p["runtime"] == "openmp")
+    assert pool["regions_with_stack"] >= 0.99 * pool["regions"] > 0, pool
+    notes = [n for n in report["attribution_notes"] if n["pool"] == "openmp"]
+    assert "regions carry their Python stack" in notes[0]["reason"], notes
+    # The merged flame graph grafts the pool under the real stack of each site.
+    exported = run_profkit(
+        "export", str(tmp_path / "b"), "--format", "folded", "-o", str(tmp_path / "m.folded")
+    )
+    assert exported.returncode == 0, exported.stderr
+    chains = grafts((tmp_path / "m.folded").read_text())
+    nested = ("<module>", "main", "run", "one_round", "helper_outer", "helper_inner", "site_three")
+    assert nested in chains, chains
+
+
+def test_nested_frames_give_the_whole_stack(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("sites.py", "--pool", "gomp", "--rounds-per-s", "50", warmup=0.5)
+    captured = attach(recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=2.0)
+    assert captured.returncode == 0, captured.stderr
+    # The bare regions use no CPU, so there is no pool to attribute: read the stacks.
+    stacks = [s for s in python_part(tmp_path / "b")["stacks"] if s["regions"]]
+    row = next(s for s in stacks if s["frames"][-1]["function"] == "site_three")
+    functions = [f["function"] for f in row["frames"]]
+    assert functions == [
+        "<module>",
+        "main",
+        "run",
+        "one_round",
+        "helper_outer",
+        "helper_inner",
+        "site_three",
+    ], row["frames"]
+    lines = [f["line"] for f in row["frames"][-3:]]
+    assert lines == [line_of("# helper outer"), line_of("# helper inner"), line_of("# site three")]
+
+
+def test_dispatch_from_a_second_thread(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe(
+        "sites.py", "--pool", "gomp", "--rounds-per-s", "50", "--thread", warmup=0.5
+    )
+    captured = attach(recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=2.0)
+    assert captured.returncode == 0, captured.stderr
+    ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
+    dispatchers = set(ebpf["regions"]["tid"])
+    assert dispatchers and recipe.pid not in dispatchers, "regions come from the second thread"
+    assert all(index >= 0 for index in ebpf["regions"]["stack"])
+    stacks = [s for s in python_part(tmp_path / "b")["stacks"] if s["regions"]]
+    outer = {tuple(f["function"] for f in s["frames"][:2]) for s in stacks}
+    assert outer == {("Thread._bootstrap", "Thread._bootstrap_inner")}, outer
+
+
+@pytest.mark.parametrize("minor", ["3.10", "3.11", "3.12", "3.13"])
+def test_every_supported_python(start_recipe, tmp_path: Path, minor: str) -> None:
+    python = interpreter(minor)
+    if python is None:
+        pytest.skip(f"no CPython {minor} installed")
+    recipe = start_recipe(
+        "sites.py", "--pool", "gomp", "--rounds-per-s", "80", python=python, warmup=0.5
+    )
+    captured = attach(recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=2.0)
+    assert captured.returncode == 0, captured.stderr
+    part = python_part(tmp_path / "b")
+    assert part["walker"] == "on" and part["version"] == minor, part
+    assert part["counts"]["read_failures"] == 0 and part["counts"]["truncated"] == 0, part
+    by_site = {}
+    # Stacks with regions: the others are on-CPU samples of the loop between regions.
+    for stack in (s for s in part["stacks"] if s["regions"]):
+        inner = stack["frames"][-1]
+        by_site[inner["function"]] = by_site.get(inner["function"], 0) + stack["regions"]
+        assert inner["line"] == line_of(f"# {inner['function'].replace('_', ' ')}"), stack
+    assert set(by_site) == set(SITES), by_site
+    # ~100 rounds: the rounds cut by the window's edges are a few percent of them.
+    assert_ratio(by_site, 0.05)
+
+
+def test_unknown_interpreter_falls_back_with_the_reason(start_recipe, tmp_path: Path) -> None:
+    python = interpreter("3.9")
+    if python is None:
+        pytest.skip("no CPython 3.9 installed to stand for an unknown layout")
+    recipe = start_recipe(
+        "sites.py", "--pool", "gomp", "--rounds-per-s", "50", python=python, warmup=0.5
+    )
+    captured = attach(recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=1.0)
+    assert captured.returncode == 0, captured.stderr
+    part = python_part(tmp_path / "b")
+    assert part["walker"] == "off" and "3.9 is not supported" in part["reason"], part
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert "Python stack walker off" in manifest["collectors"]["ebpf"]["reason"]
+    ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
+    assert ebpf["regions"]["tid"] and set(ebpf["regions"]["stack"]) == {-1}
+
+
+def test_without_bcc_the_site_comes_from_pyspy(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
+    captured = attach(recipe.pid, tmp_path / "b", env={"PROFKIT_DISABLE_BCC": "1"}, duration=3.0)
+    assert captured.returncode == 0, captured.stderr
+    report = report_of(tmp_path / "b")
+    notes = [n for n in report["attribution_notes"] if n["pool"] == "openmp"]
+    assert notes and notes[0]["method"] != "stack", notes
+    assert report["pools"][0]["regions_with_stack"] == 0
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["collectors"]["ebpf"]["status"] == "unavailable"
+
+
+def test_every_copy_of_a_runtime_is_probed(start_recipe, tmp_path: Path) -> None:
+    """Two copies of libgomp mapped (as a package bundling its own brings): both probed, and
+    each region counted against the copy that ran it."""
+    recipe = start_recipe("sites.py", "--pool", "gomp2", "--rounds-per-s", "50", warmup=0.5)
+    captured = attach(recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=2.0)
+    assert captured.returncode == 0, captured.stderr
+    ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
+    copies = [r for r in ebpf["runtimes"] if r["name"] == "libgomp"]
+    assert len(copies) == 2 and len({c["path"] for c in copies}) == 2, ebpf["runtimes"]
+    stacks = python_part(tmp_path / "b")["stacks"]
+    per_copy: dict[int, set[str]] = {}
+    for runtime, stack in zip(ebpf["regions"]["runtime"], ebpf["regions"]["stack"], strict=True):
+        per_copy.setdefault(runtime, set()).add(stacks[stack]["frames"][-1]["function"])
+    second = next(c["index"] for c in copies if "libgomp-copy" in c["path"])
+    first = next(c["index"] for c in copies if c["index"] != second)
+    assert per_copy == {first: {"site_one", "site_two"}, second: {"site_three"}}, per_copy
+
+
+def test_openblas_pool_attributed_to_its_line(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe(
+        "sites.py", "--pool", "blas", "--rounds-per-s", "10", env={"OPENBLAS_NUM_THREADS": "2"}
+    )
+    captured = attach(recipe.pid, tmp_path / "b", duration=4.0)
+    assert captured.returncode == 0, captured.stderr
+    report = report_of(tmp_path / "b")
+    pool = next(p for p in report["pools"] if p["runtime"] == "openblas")
+    assert pool["regions"] > 0 and pool["regions_with_stack"] >= 0.99 * pool["regions"], pool
+    rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openblas"}
+    assert set(rows) == set(SITES), report["attribution"]
+    assert {r["method"] for r in rows.values()} == {"stack"}
+    assert_ratio({site: rows[site]["regions"] for site in SITES}, 0.1)
+    for site in SITES:
+        line = line_of("# " + site.replace("_", " "))
+        assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
+
+
+def test_offcpu_python_stacks_without_pyspy(start_recipe, tmp_path: Path) -> None:
+    """With the scheduler traced, the walker reads each Python thread's stack as it leaves
+    the CPU: the main thread, waiting on the dispatching thread, is off CPU at its join."""
+    recipe = start_recipe(
+        "sites.py", "--pool", "gomp", "--rounds-per-s", "50", "--thread", warmup=0.5
+    )
+    out = tmp_path / "b"
+    captured = attach(
+        recipe.pid, out, "--collectors", "ebpf,proc", "--ebpf-sched", "on", duration=2.0
+    )
+    assert captured.returncode == 0, captured.stderr
+    exported = run_profkit(
+        "export", str(out), "--format", "folded", "--view", "offcpu", "-o", str(tmp_path / "o")
+    )
+    assert exported.returncode == 0, exported.stderr
+    waits = 0.0
+    join = f"main (sites.py:{line_of('# main waits')})"
+    for line in (tmp_path / "o").read_text().splitlines():
+        frames, weight = line.rsplit(" ", 1)
+        if frames.split(";")[0].endswith(f"({recipe.pid})") and join in frames:
+            waits += int(weight) / 1e6  # folded weights are in microseconds
+    window = json.loads((out / "manifest.json").read_text())["window"]
+    seconds = (window["end_ns"] - window["start_ns"]) / 1e9
+    assert waits >= 0.8 * seconds, (waits, seconds)

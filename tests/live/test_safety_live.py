@@ -1,0 +1,343 @@
+"""Safe on live targets: repeated attach, signals at random moments, targets that go away."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from profkit.host import procfs
+from recipes.launch import attach_args, attach_command
+
+from ..support import ROOT, run_profkit
+from .conftest import Recipe
+
+pytestmark = pytest.mark.root
+ALL = ("--collectors", "all")
+
+
+def states(pid: int) -> set[str]:
+    out = set()
+    for tid in procfs.list_tids(pid):
+        try:
+            out.add(procfs.read_stat(pid, tid).state)
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def uprobes() -> str:
+    for base in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
+        path = Path(base) / "uprobe_events"
+        if path.exists():
+            return path.read_text()
+    return ""
+
+
+def leftovers(bundle: Path) -> list[str]:
+    """Processes whose command line names this bundle, or that run in it: tools profkit started
+    for it (their output paths name profkit's descriptor on the bundle, their cwd the bundle)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = procfs.read_stat(int(entry)).state
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except (OSError, ValueError):
+            continue
+        if (str(bundle) in cmdline or cwd == str(bundle)) and state != "Z":
+            found.append(f"{entry}: {cmdline[:120]}")
+    return found
+
+
+def copies_per_s(recipe: Recipe, seconds: float) -> float:
+    """The recipe's rate over the next seconds, from its progress lines (lines printed before
+    the call are skipped)."""
+    marks = []
+    since = time.monotonic_ns()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        line = recipe.readline(timeout=max(0.0, deadline - time.monotonic()))
+        if line.startswith("progress"):
+            t_ns = int(line.split("t_ns=")[1])
+            if t_ns >= since:
+                marks.append((t_ns, int(line.split()[1].split("=")[1])))
+    (t0, c0), (t1, c1) = marks[0], marks[-1]
+    return (c1 - c0) / ((t1 - t0) / 1e9)
+
+
+def test_attach_detach_thirty_times(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "8", "--report-every", "0.1", warmup=1.0)
+    before = copies_per_s(recipe, 3.0)
+    for index in range(30):
+        out = tmp_path / f"b{index}"
+        result = run_profkit(
+            *attach_args(recipe.pid, duration=0.3, out=out, report=False),
+            timeout=120,
+        )
+        assert result.returncode == 0, (index, result.stderr)
+        assert "T" not in states(recipe.pid) and "t" not in states(recipe.pid)
+        assert recipe.process.poll() is None
+    assert leftovers(tmp_path) == []
+    after = copies_per_s(recipe, 3.0)
+    # A noisy 2-core machine: this catches a target left slowed or stopped, not a few percent.
+    assert after >= 0.7 * before, (before, after)
+
+
+def _attach_background(pid: int, out: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        attach_command(pid, duration=60, out=out, report=False, extra=extra),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_capturing(out: Path, process: subprocess.Popen[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        manifest = out / "manifest.json"
+        if manifest.exists() and any(out.glob("*.stderr")):
+            return
+        time.sleep(0.1)
+    raise AssertionError("the capture never started")
+
+
+def _target_is_running(pid: int) -> None:
+    time.sleep(1.0)  # the target must resume within a second
+    assert not ({"T", "t"} & states(pid)), states(pid)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_signal_to_profkit_at_a_random_moment(start_recipe, tmp_path: Path, sig) -> None:  # type: ignore[no-untyped-def]
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    out = tmp_path / "b"
+    process = _attach_background(recipe.pid, out, *ALL)
+    _wait_capturing(out, process)
+    time.sleep(random.Random(sig.value).uniform(0.2, 3.0))
+    process.send_signal(sig)
+    process.wait(timeout=30)
+    _target_is_running(recipe.pid)
+    manifest = json.loads((out / "manifest.json").read_text())
+    if sig == signal.SIGKILL:
+        # Killed outright: the tools die with it, and the next run cleans up and says so.
+        assert manifest["status"] == "capturing"
+        time.sleep(0.5)
+        later = run_profkit(
+            *attach_args(recipe.pid, duration=0.3, out=tmp_path / "next", report=False),
+            timeout=120,
+        )
+        assert later.returncode == 0, later.stderr
+        assert "was killed; cleaned up" in later.stderr
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["status"] == "aborted"
+    else:
+        assert process.returncode == 130
+        assert manifest["status"] == "partial"
+    assert leftovers(out) == []
+    assert f"{recipe.pid}" not in uprobes()
+    assert recipe.process.poll() is None
+
+
+@pytest.mark.parametrize("tool", ["pyspy", "perf_record", "perf_stat"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_signal_to_a_child_tool(start_recipe, tmp_path: Path, tool: str, sig) -> None:  # type: ignore[no-untyped-def]
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    out = tmp_path / "b"
+    process = subprocess.Popen(
+        attach_command(recipe.pid, duration=4, out=out, report=False, extra=ALL),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_capturing(out, process)
+    time.sleep(random.Random(f"{tool}{sig}").uniform(0.3, 1.5))
+    name = {"pyspy": "py-spy", "perf_record": "perf record", "perf_stat": "perf stat"}[tool]
+    victims = [line.split(":")[0] for line in leftovers(out) if name in line]
+    assert victims, f"{name} should be running"
+    os.kill(int(victims[0]), sig)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    for other in ("ebpf", "proc", "cgroup"):
+        assert manifest["collectors"][other]["status"] == "ok", other
+    _target_is_running(recipe.pid)
+    assert leftovers(out) == []
+    assert run_profkit("report", str(out)).returncode == 0
+
+
+def test_target_killed_mid_capture(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    out = tmp_path / "b"
+    process = _attach_background(recipe.pid, out)
+    _wait_capturing(out, process)
+    time.sleep(1.5)
+    recipe.process.kill()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "target exited"
+    assert leftovers(out) == []
+
+
+def test_target_execs_mid_capture(tmp_path: Path) -> None:
+    script = (
+        "import os, time, torch\n"
+        "torch.set_num_threads(4)\n"
+        "x = torch.rand(1 << 20)\n"
+        "print('ready', flush=True)\n"
+        "end = time.time() + 4\n"
+        "while time.time() < end: x.add_(1)\n"
+        "os.execv('/bin/sleep', ['sleep', '20'])\n"
+    )
+    target = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout is not None and target.stdout.readline().startswith("ready")
+        out = tmp_path / "b"
+        result = run_profkit(
+            *attach_args(target.pid, duration=30, out=out, report=False),
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["status"] == "target exec'd"
+        assert leftovers(out) == []
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_reused_pid_is_refused_at_capture(start_recipe, tmp_path: Path) -> None:
+    import dataclasses
+
+    from profkit.commands.attach import run_capture
+    from profkit.errors import TargetChanged
+    from profkit.host.target import inspect
+
+    recipe = start_recipe("shm_fanout.py", "--threads", "2")
+    stale = dataclasses.replace(inspect(recipe.pid), start_ticks=1)
+    with pytest.raises(TargetChanged):
+        run_capture(stale, 1.0, str(tmp_path / "b"), 10, None, 64.0, "fp", 49, True)
+    assert not (tmp_path / "b").exists()
+
+
+def test_bundle_stays_under_max_size(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    out = tmp_path / "b"
+    result = run_profkit(
+        # The scheduler's slices are the bulk of a bundle; the budget may leave them out.
+        *attach_args(recipe.pid, duration=2, out=out, report=False, max_size=0.25, ebpf_sched="on"),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    size = sum(p.stat().st_size for p in out.iterdir())
+    assert size <= 0.25 * 1024 * 1024, size
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dropped_for_size"]
+    assert run_profkit("report", str(out)).returncode == 0
+
+
+def test_no_shell_sees_the_target_command_line(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    evil = f"$(touch {marker}); `touch {marker}`"
+    target = subprocess.Popen([sys.executable, "-c", "import time, torch; time.sleep(30)", evil])
+    try:
+        time.sleep(2.0)
+        result = run_profkit(
+            *attach_args(target.pid, duration=1, out=tmp_path / "b", report=False),
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        assert not marker.exists()
+        manifest = json.loads((tmp_path / "b/manifest.json").read_text())
+        assert evil in manifest["target"]["cmdline"]
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_over_the_stop_budget_pyspy_goes_nonblocking(start_recipe, tmp_path: Path) -> None:
+    # 100 Hz --native on 8 threads holds the target stopped 10-30% of the time, far over 0.1%.
+    # The monitor sees stops only at the /proc sampler's 5-Hz instants, from 1.5 s into the
+    # window: at 50 Hz over 6 s (about 22 instants, 7% stopped at the least) it saw none in 1
+    # run of 4; at 100 Hz over 10 s (about 42 instants, 14%) the chance of none is under 1%.
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    out = tmp_path / "b"
+    result = run_profkit(
+        *attach_args(
+            recipe.pid,
+            duration=10,
+            out=out,
+            report=False,
+            collectors="proc,pyspy",
+            rate=100,
+            pyspy_mode="native",
+            budget=0.1,
+        ),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    decisions = manifest["budget_decisions"]
+    assert decisions and decisions[0]["action"] == "nonblocking", decisions
+    assert "stopped" in decisions[0]["reason"] and "0.1% budget" in decisions[0]["reason"]
+    notes = manifest["collectors"]["pyspy"]["notes"]
+    assert notes["native"] == [True, False]
+    assert notes["rate_changes"][0]["native"] is False
+    assert "T" not in states(recipe.pid) and "t" not in states(recipe.pid)
+    assert run_profkit("report", str(out)).returncode == 0
+
+
+def test_auto_mode_goes_nonblocking_when_one_hertz_is_over_budget(
+    start_recipe, tmp_path: Path
+) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    out = tmp_path / "b"
+    result = run_profkit(
+        *attach_args(
+            recipe.pid, duration=2, out=out, report=False, collectors="proc,pyspy", budget=0.1
+        ),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "py-spy goes --nonblocking" in result.stderr and "0.1% budget" in result.stderr
+    notes = json.loads((out / "manifest.json").read_text())["collectors"]["pyspy"]["notes"]
+    assert notes["native"] == [False] and "0.1% budget" in notes["mode_reason"]
+
+
+def test_over_the_cpu_budget_a_collector_is_dropped(start_recipe, tmp_path: Path) -> None:
+    recipe = start_recipe("shm_fanout.py", "--threads", "4")
+    out = tmp_path / "b"
+    result = run_profkit(
+        # No --native stops, so that the stop budget cannot act first.
+        *attach_args(
+            recipe.pid,
+            duration=7,
+            out=out,
+            report=False,
+            collectors="proc,cgroup,pyspy",
+            pyspy_mode="nonblocking",
+            cpu_budget=0.0001,
+        ),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    dropped = [d for d in manifest["budget_decisions"] if d["action"] == "drop"]
+    assert dropped, manifest["budget_decisions"]
+    assert "core budget" in dropped[0]["reason"]
+    record = manifest["collectors"][dropped[0]["collector"]]
+    assert record["status"] == "partial" and "core budget" in record["reason"]
+    assert manifest["collectors"]["proc"]["status"] == "ok"  # the ground truth is never dropped

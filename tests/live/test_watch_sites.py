@@ -1,0 +1,52 @@
+"""Dispatch sites in `watch`'s metrics on a real recipe: the pool's CPU split by region time per
+Python line."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from ..support import RECIPES
+from ..watch_support import agent
+
+SITES = {"site_one": 1, "site_two": 2, "site_three": 3}
+SITE_CPU = re.compile(r"^profkit_site_cpu_seconds_total\{(?P<labels>[^}]*)\} (?P<value>\S+)", re.M)
+
+
+def line_of(needle: str) -> int:
+    lines = (RECIPES / "sites.py").read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if needle in text)
+
+
+def site_cpu(metrics: str) -> dict[str, float]:
+    out = {}
+    for match in SITE_CPU.finditer(metrics):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group("labels")))
+        out[labels["site"]] = float(match.group("value"))
+    return out
+
+
+@pytest.mark.root
+def test_sites_in_the_recipes_ratio(start_recipe) -> None:
+    recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
+    with agent("--pid", str(recipe.pid), "--name", "sites", "--interval", "1") as a:
+        a.wait_serving()
+        deadline = time.monotonic() + 60
+        cpu: dict[str, float] = {}
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            cpu = site_cpu(a.metrics())
+            if len(cpu) == 3 and sum(cpu.values()) > 2.0:
+                break
+        code, _ = a.terminate()
+    assert code == 0, a.output
+    assert len(cpu) == 3, cpu
+    total = sum(cpu.values())
+    for site, weight in SITES.items():
+        label = f"sites.py:{line_of('# ' + site.replace('_', ' '))}"
+        named = [s for s in cpu if s.endswith(label)]
+        assert named, (label, cpu)
+        # The same copy at each site: the pool's CPU splits as the regions do, 1:2:3.
+        assert cpu[named[0]] / total == pytest.approx(weight / 6, abs=0.05), cpu

@@ -1,0 +1,55 @@
+"""The overhead benchmark's output: its structure on a real (short) run, never its timings."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from ..support import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import overhead
+
+
+def test_configuration_names_parse_into_what_they_run() -> None:
+    assert overhead.parse_config("pyspy-native-100hz") == overhead.Config(
+        "pyspy-native-100hz", "pyspy", rate="100"
+    )
+    default = overhead.parse_config("profkit-default-nonblocking")
+    assert (default.kind, default.collectors, default.mode) == ("profkit", "", "nonblocking")
+    ebpf = overhead.parse_config("profkit-ebpf-20hz")
+    assert (ebpf.collectors, ebpf.rate) == ("ebpf", "20")
+    assert overhead.parse_config("noop").kind == "noop"
+    with pytest.raises(SystemExit):
+        overhead.parse_config("perf-everything")
+
+
+def test_table_rows_are_ratios_to_the_bare_windows() -> None:
+    ratios = {"bare": [10.0, 12.0, 11.0], "profkit-proc": [0.9, 1.0]}
+    lines = overhead.table({("fanout", 8): ratios})
+    assert lines[0].split() == ["target", "threads", "configuration", "ratio", "spread"]
+    assert lines[1].split()[:6] == ["fanout", "8", "bare", "(noise", "floor)", "1.000"]
+    assert "0.909-1.091" in lines[1] and "(11.0/s)" in lines[1]
+    assert lines[2].split() == ["fanout", "8", "profkit-proc", "0.950", "0.900-1.000"]
+
+
+def test_pooled_runs_print_one_row_per_cell_and_configuration() -> None:
+    import pool
+
+    runs = [
+        {"serving:8": {"bare": [200.0, 210.0], "profkit-default": [0.97, 0.99], "noop": [1.0]}},
+        {"serving:8": {"bare": [190.0], "profkit-default": [1.01]}, "fanout:8": {"noop": [0.98]}},
+    ]
+    cells = pool.pooled(runs)
+    assert cells == {
+        "serving:8": {"profkit-default": [0.97, 0.99, 1.01], "noop": [1.0]},
+        "fanout:8": {"noop": [0.98]},
+    }
+    low, high = pool.median_interval(cells["serving:8"]["profkit-default"])
+    assert 0.97 <= low <= 0.99 <= high <= 1.01
+    lines = pool.table(cells, ["profkit-default"])
+    assert lines[0].split() == ["cell", "configuration", "windows", "median", "95%", "interval"]
+    assert [line.split()[:4] for line in lines[1:]] == [
+        ["serving:8", "profkit-default", "3", "0.990"]
+    ]

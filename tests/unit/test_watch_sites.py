@@ -1,0 +1,50 @@
+"""Dispatch sites in `watch`'s metrics: the top 10 sites of a target by name and the rest as
+site="other"."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from profkit.watch.process import ProcessWindow, SiteKey
+from profkit.watch.series import OTHER_SITE, TOP_SITES, TargetSeries
+
+
+def window(sites: dict[SiteKey, float]) -> ProcessWindow:
+    return ProcessWindow(
+        seconds=1.0,
+        process_cpu=sum(sites.values()) + 0.5,
+        python_cpu=0.5,
+        pool_cpu=sum(sites.values()),
+        regions=100,
+        runtime="openmp",
+        team_size=4,
+        team_source="workers seen in /proc",
+        site_cpu=sites,
+        site_stacks={},
+        python_threads={"python (1)": 0.5},
+        other_threads={},
+    )
+
+
+def test_top_ten_sites_and_other() -> None:
+    series = TargetSeries(("t", "", "", ""))
+    keys = [SiteKey(f"app.py:{n}", f"f{n}", "aten::copy_") for n in range(1, 13)]
+    # Twelve sites, each window: site n burns n/100 s; the two smallest fall into "other".
+    for _ in range(3):
+        series.add([window({k: (n + 1) / 100 for n, k in enumerate(keys)})], {}, 4, time.time())
+    named = {site for (_, site, _) in series.site_cpu}
+    assert len(named) == TOP_SITES + 1 and OTHER_SITE in named, named
+    assert {"app.py:1", "app.py:2"}.isdisjoint(named)
+    assert series.site_cpu[("openmp", OTHER_SITE, "")] == pytest.approx(3 * 0.03)
+    assert series.site_cpu[("openmp", "app.py:12", "aten::copy_")] == pytest.approx(3 * 0.12)
+    # The top ten follow the CPU: a site that falls out keeps its series, which stops growing,
+    # and a site that rises into them gets one.
+    shifted = {k: (0.001 if k == keys[-1] else 0.5) for k in keys}
+    series.add([window(shifted)], {}, 4, time.time())
+    assert series.site_cpu[("openmp", "app.py:12", "aten::copy_")] == pytest.approx(0.36)
+    assert series.site_cpu[("openmp", "app.py:2", "aten::copy_")] == pytest.approx(0.5)
+    assert ("openmp", "app.py:1", "aten::copy_") not in series.site_cpu
+    assert series.site_cpu[("openmp", OTHER_SITE, "")] == pytest.approx(0.09 + 0.5 + 0.001)
+    assert sum(series.site_cpu.values()) == pytest.approx(series.pool_cpu["openmp"])
