@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -217,12 +218,14 @@ def attribute(
             "(stops the target per sample) or the eBPF region probes would"
         )
         return Attribution("none", reason, 1.0, 0.0, ())
-    sample_sites = [infos[int(s)].site for s in stacks[in_region]]
-    sample_ops = [infos[int(s)].op for s in stacks[in_region]]
+    sample_infos = [infos[int(s)] for s in stacks[in_region]]
+    # in_region implies has_site: every sample here has a site, none is dropped.
+    sample_sites = [info.site for info in sample_infos if info.site is not None]
+    sample_ops = [info.op for info in sample_infos]
     site_samples = Counter(sample_sites)
     ops_by_site: dict[Site, Counter[str | None]] = {}
     for site, op in zip(sample_sites, sample_ops, strict=True):
-        ops_by_site.setdefault(site, Counter())[op] += 1  # type: ignore[arg-type]
+        ops_by_site.setdefault(site, Counter())[op] += 1
     weights, regions_by_site, method, reason, labelled = _aligned(
         sched, tid[in_region], times[in_region], sample_sites, dispatchers, workers, window
     )
@@ -259,7 +262,7 @@ def _aligned(
     sched: SchedData | None,
     tids: np.ndarray,
     times: np.ndarray,
-    sites: list[Site | None],
+    sites: Sequence[Site | None],
     dispatchers: set[int],
     workers: set[int],
     window: tuple[int, int],
@@ -277,8 +280,9 @@ def _aligned(
     region_sites: dict[int, Counter[Site]] = {}
     index = np.searchsorted(starts, times + ALIGN_TOLERANCE_NS, side="right") - 1
     for i, (region, t) in enumerate(zip(index, times, strict=True)):
-        if region >= 0 and t <= ends[region] + ALIGN_TOLERANCE_NS and sites[i] is not None:
-            region_sites.setdefault(int(region), Counter())[sites[i]] += 1  # type: ignore[index]
+        sample_site = sites[i]
+        if region >= 0 and t <= ends[region] + ALIGN_TOLERANCE_NS and sample_site is not None:
+            region_sites.setdefault(int(region), Counter())[sample_site] += 1
     if not region_sites:
         return {}, {}, "proportional", "no py-spy sample aligned with a region", 0.0
     if len(sched.slice_tid):

@@ -14,7 +14,6 @@ offcpu   waiting time: Python threads' idle samples (py-spy), or their time off 
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,15 +42,16 @@ class Node:
 
 
 Stack = tuple[Node, ...]
+Weights = dict[Stack, float]  # seconds per stack
 
 
 @dataclass(frozen=True)
 class Stacks:
     view: str
-    weights: dict[Stack, float]  # CPU seconds (offcpu: waiting seconds)
+    weights: Weights  # CPU seconds (offcpu: waiting seconds)
     total_seconds: float
     window_seconds: float
-    per_thread: dict[str, dict[Stack, float]]
+    per_thread: dict[str, Weights]
 
 
 def _py_node(frame: Frame) -> Node:
@@ -75,11 +75,11 @@ def _perf_node(symbol: str, dso: str) -> Node:
 
 def py_thread_stacks(
     spans: PySpySpans, tid: int, window: tuple[int, int], idle: bool | None = None
-) -> Counter[Stack]:
+) -> Weights:
     """Sampled seconds per stack of one thread (idle: only waiting samples, or only active)."""
     _, times, stacks, seconds = expand_weighted(spans, {tid})
     keep = (times >= window[0]) & (times <= window[1])
-    totals: Counter[Stack] = Counter()
+    totals: Weights = {}
     ids, inverse = np.unique(stacks[keep], return_inverse=True)
     sums = np.bincount(inverse, weights=seconds[keep], minlength=len(ids))
     for stack_id, total in zip(ids, sums, strict=True):
@@ -87,14 +87,15 @@ def py_thread_stacks(
         is_idle = bool(frames) and bool(IDLE_LEAF.search(frames[-1].name))
         if idle is not None and is_idle != idle:
             continue
-        totals[tuple(_py_node(f) for f in frames)] += float(total)
+        stack = tuple(_py_node(f) for f in frames)
+        totals[stack] = totals.get(stack, 0) + float(total)
     return totals
 
 
-def perf_stacks(perf: PerfSamples, tids: set[int], window: tuple[int, int]) -> Counter[Stack]:
+def perf_stacks(perf: PerfSamples, tids: set[int], window: tuple[int, int]) -> Weights:
     """Seconds per stack, dropping the thread-start frames above the pool's own work."""
     mask = np.isin(perf.tid, list(tids)) & (perf.t_ns >= window[0]) & (perf.t_ns <= window[1])
-    seconds: Counter[Stack] = Counter()
+    seconds: Weights = {}
     for stack_id, period in zip(perf.stack[mask], perf.period_ns[mask], strict=True):
         nodes = [_perf_node(*perf.frames[i]) for i in perf.stacks[int(stack_id)]]
         while len(nodes) > 1 and nodes[0].name in (
@@ -105,16 +106,17 @@ def perf_stacks(perf: PerfSamples, tids: set[int], window: tuple[int, int]) -> C
             "clone",
         ):
             nodes.pop(0)
-        seconds[tuple(nodes)] += (int(period) or 10_101_010) / 1e9
+        stack = tuple(nodes)
+        seconds[stack] = seconds.get(stack, 0) + (int(period) or 10_101_010) / 1e9
     return seconds
 
 
-def _scale(counts: Counter[Stack], total: float) -> dict[Stack, float]:
+def _scale(counts: Weights, total: float) -> Weights:
     size = sum(counts.values())
     return {stack: total * n / size for stack, n in counts.items()} if size else {}
 
 
-def _add(into: dict[Stack, float], more: dict[Stack, float], prefix: Stack = ()) -> None:
+def _add(into: Weights, more: Weights, prefix: Stack = ()) -> None:
     for stack, weight in more.items():
         key = prefix + stack
         into[key] = into.get(key, 0.0) + weight
@@ -124,8 +126,8 @@ def build(report: Report, view: str) -> Stacks:
     bundle, recon = report.bundle, report.reconciliation
     window = (report.cpu.start_ns, report.cpu.end_ns)
     seconds = recon.window_seconds
-    weights: dict[Stack, float] = {}
-    per_thread: dict[str, dict[Stack, float]] = {}
+    weights: Weights = {}
+    per_thread: dict[str, Weights] = {}
     if view == "python" and bundle.pyspy is not None:
         for tid, name in bundle.pyspy.names.items():
             counts = py_thread_stacks(bundle.pyspy, tid, window)
@@ -151,8 +153,8 @@ def build(report: Report, view: str) -> Stacks:
 def _merged(
     report: Report,
     window: tuple[int, int],
-    weights: dict[Stack, float],
-    per_thread: dict[str, dict[Stack, float]],
+    weights: Weights,
+    per_thread: dict[str, Weights],
 ) -> None:
     bundle, recon = report.bundle, report.reconciliation
     seconds = recon.window_seconds
@@ -160,13 +162,13 @@ def _merged(
     for share in recon.threads:
         if share.role != "python":
             continue
-        counts: Counter[Stack] = Counter()
+        counts: Weights = {}
         if bundle.pyspy is not None:
             counts = py_thread_stacks(
                 bundle.pyspy, share.tid, window, idle=False
             ) or py_thread_stacks(bundle.pyspy, share.tid, window)
         if not counts:
-            counts = Counter({(Node(f"[python thread {share.tid}, no samples]", SYNTHETIC),): 1})
+            counts = {(Node(f"[python thread {share.tid}, no samples]", SYNTHETIC),): 1}
         thread = _scale(counts, share.cores * seconds)
         per_thread[f"{share.name} ({share.tid})"] = thread
         _add(weights, thread, root)
@@ -175,10 +177,10 @@ def _merged(
         worker_counts = (
             perf_stacks(bundle.perf, set(pool.pool.workers), window)
             if bundle.perf is not None
-            else Counter()
+            else {}
         )
         if not worker_counts:
-            worker_counts = Counter({(Node("[no perf samples]", SYNTHETIC),): 1.0})
+            worker_counts = {(Node("[no perf samples]", SYNTHETIC),): 1.0}
         head = Node(f"[{pool.pool.name} pool x{pool.pool.team_size}]", SYNTHETIC)
         sites = pool.attribution.sites
         grafts = [
@@ -190,9 +192,9 @@ def _merged(
             )
             for s in sites
         ] or [(1.0, (Node("[dispatch site unknown]", SYNTHETIC),))]
-        pool_tree: dict[Stack, float] = {}
-        for share, site_stack in grafts:
-            _add(pool_tree, _scale(worker_counts, pool_seconds * share), (*site_stack, head))
+        pool_tree: Weights = {}
+        for site_share, site_stack in grafts:
+            _add(pool_tree, _scale(worker_counts, pool_seconds * site_share), (*site_stack, head))
         per_thread[f"{pool.pool.name} workers"] = pool_tree
         _add(weights, pool_tree, root)
     others = [t for t in recon.threads if t.role == "other" and t.cores > 0]
@@ -217,7 +219,7 @@ def _site_stack(spans: PySpySpans | None, file: str, line: int, window: tuple[in
     """The dispatching stack: the most sampled in-region stack ending at this Python line."""
     if spans is None:
         return (Node(f"{file}:{line}", PYTHON),)
-    best: Counter[Stack] = Counter()
+    best: Weights = {}
     for tid in spans.names:
         for stack, count in py_thread_stacks(spans, tid, window).items():
             for depth in range(len(stack), 0, -1):
@@ -229,18 +231,20 @@ def _site_stack(spans: PySpySpans | None, file: str, line: int, window: tuple[in
                     tail = stack[depth:]
                     cut = next((i for i, n in enumerate(tail) if n.kind == RUNTIME), len(tail))
                     if any(n.kind == RUNTIME for n in tail):
-                        best[stack[:depth] + tail[:cut]] += count
+                        key = stack[:depth] + tail[:cut]
+                        best[key] = best.get(key, 0) + count
                     break
     if best:
-        return best.most_common(1)[0][0]
+        # The first of the most sampled, as Counter.most_common(1) picks it.
+        return max(best.items(), key=lambda item: item[1])[0]
     return (Node(f"{file.rsplit('/', 1)[-1]}:{line}", PYTHON),)
 
 
 def _offcpu(
     report: Report,
     window: tuple[int, int],
-    weights: dict[Stack, float],
-    per_thread: dict[str, dict[Stack, float]],
+    weights: Weights,
+    per_thread: dict[str, Weights],
 ) -> None:
     bundle = report.bundle
     if bundle.pyspy is not None and bundle.pyspy.source == "py-spy":
@@ -261,7 +265,7 @@ def _offcpu(
             _add(weights, {stack: seconds}, (Node(label, SYNTHETIC),))
     if bundle.sched is not None:
         for pool in report.pools:
-            waiting = {}
+            waiting: Weights = {}
             for tid in pool.pool.workers:
                 times = bundle.sched.threads.get(tid)
                 if times:

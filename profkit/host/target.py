@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from ..errors import NoSuchProcess, NotPythonTarget, PermissionDenied, TargetChanged
 from . import procfs
@@ -72,7 +74,10 @@ class Target:
         return self.runtime("libgomp") or self.runtime("libiomp5") or self.runtime("libomp")
 
 
-def _read_or_raise(pid: int, reader, what: str):  # type: ignore[no-untyped-def]
+_T = TypeVar("_T")
+
+
+def _read_or_raise(pid: int, reader: Callable[[int], _T], what: str) -> _T:
     try:
         return reader(pid)
     except FileNotFoundError as exc:

@@ -109,8 +109,8 @@ def render_html(report: Report) -> str:
             for p in data["pools"]
         ],
     )
-    quota = data["quota"] or {}
-    quota_rows = [[k, v] for k, v in quota.items()]
+    quota = data["quota"]
+    quota_rows: list[list[object]] = [] if quota is None else [[k, v] for k, v in quota.items()]
     items = series(report)
     plots = _plot(items, "cores", "process and pool CPU (cores)") + _plot(
         items, "%", "periods throttled by the cgroup quota (%)"

@@ -3,17 +3,138 @@
 from __future__ import annotations
 
 import json
+from typing import TypedDict, overload
 
 from ..analysis.pipeline import Report
 
 REPORT_SCHEMA_VERSION = 1
 
 
+# The report's shape, as docs/report-schema.md lists it.
+class TargetJson(TypedDict):
+    pid: int | None
+    cmdline: list[str] | None
+    threads: int
+    openmp_runtime: str | None
+    torch_threads: int | None
+    torch_version: str | None
+
+
+class CategoriesJson(TypedDict):
+    python: float
+    native_in_python_threads: float
+    pool_workers: float
+    other: float
+
+
+class ThreadJson(TypedDict):
+    tid: int
+    name: str
+    role: str
+    pool: str | None
+    cores: float
+
+
+class CpuJson(TypedDict):
+    process_cores: float
+    python_sampled_cores: float
+    categories: CategoriesJson
+    unexplained_cores: float
+    closure_pct: float
+    threads: list[ThreadJson]
+
+
+class WorkJson(TypedDict):
+    symbol: str
+    share: float
+
+
+class PoolJson(TypedDict):
+    runtime: str
+    library: str | None
+    workers: int
+    team_size: int
+    dispatchers: list[int]
+    cores: float
+    regions: int
+    regions_with_stack: int
+    activity: dict[str, float] | None
+    kernel_kinds: dict[str, float] | None
+    top_work: list[WorkJson]
+
+
+class FrameJson(TypedDict):
+    file: str
+    function: str
+    line: int
+
+
+class AttributionJson(TypedDict):
+    pool: str
+    site: str
+    function: str
+    code: str | None
+    op: str | None
+    op_source: str
+    pool_cores: float
+    share: float
+    regions: int
+    samples: int
+    method: str
+    uncertainty: float
+    stack: list[FrameJson]
+
+
+class NoteJson(TypedDict):
+    pool: str
+    method: str
+    reason: str
+    labelled_share: float
+
+
+class QuotaJson(TypedDict):
+    effective_cores: float | None
+    source: str | None
+    period_us: int | None
+    throttled_periods_pct: float | None
+    throttled_seconds: float
+    usage_cores: float | None
+    pressure_some_pct: float | None
+    recommended_threads: int
+
+
+class FindingJson(TypedDict):
+    id: str
+    severity: str
+    summary: str
+    evidence: dict[str, object]
+    fix: str
+
+
+class ReportJson(TypedDict):
+    schema_version: int
+    bundle: str
+    status: str | None
+    target: TargetJson
+    window_seconds: float
+    cpu: CpuJson
+    pools: list[PoolJson]
+    attribution: list[AttributionJson]
+    attribution_notes: list[NoteJson]
+    quota: QuotaJson | None
+    findings: list[FindingJson]
+    not_captured: dict[str, str]
+
+
+@overload
+def _r(value: float, digits: int = 3) -> float: ...
+@overload
+def _r(value: float | None, digits: int = 3) -> float | None: ...
 def _r(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def report_dict(report: Report) -> dict[str, object]:
+def report_dict(report: Report) -> ReportJson:
     manifest = report.bundle.manifest
     target = manifest.get("target", {})
     recon = report.reconciliation

@@ -42,7 +42,7 @@ def render_text(report: Report) -> str:
         lines += _wrap(f"[{finding.severity}] {finding.id}: {finding.summary}")
         lines += _wrap(f"fix: {finding.fix}", "      ")
     lines += ["", "WHERE THE CPU GOES (cores; /proc is the ground truth)"]
-    rows = [
+    cpu_rows = [
         ("process (ground truth)", f"{recon.process_cores:.2f}"),
         ("Python sampled", f"{recon.python_sampled_cores:.2f}"),
         ("  python (interpreted)", f"{recon.python:.2f}"),
@@ -51,7 +51,7 @@ def render_text(report: Report) -> str:
         ("  other threads", f"{recon.other:.2f}"),
         ("  unexplained", f"{recon.unexplained_cores:+.2f} ({recon.closure_pct:.1f}%)"),
     ]
-    lines.append(table(("", "cores"), rows))
+    lines.append(table(("", "cores"), cpu_rows))
     for pool in report.pools:
         lines += [
             "",
@@ -71,7 +71,7 @@ def render_text(report: Report) -> str:
         spread = f"±{100 * attribution.uncertainty:.0f}%"
         lines += _wrap(f"dispatched from ({attribution.method}, {spread}): {attribution.reason}")
         if attribution.sites:
-            rows = [
+            site_rows = [
                 (
                     _short(s.site.label, 26),
                     s.site.function[:18],
@@ -82,7 +82,7 @@ def render_text(report: Report) -> str:
                 for s in attribution.sites[:5]
             ]
             lines.append(
-                table(("site", "function", "op", "cores", "share"), rows, (26, 14, 20, 5, 5))
+                table(("site", "function", "op", "cores", "share"), site_rows, (26, 14, 20, 5, 5))
             )
             top = attribution.sites[0]
             if top.code:
@@ -104,8 +104,10 @@ def render_text(report: Report) -> str:
             f"  group usage {usage} cores; recommended threads {quota.recommended_threads}"
         )
     lines += ["", "THREADS (top 8 by CPU)"]
-    rows = [(t.tid, t.name[:15], t.role, t.pool or "", f"{t.cores:.2f}") for t in recon.threads[:8]]
-    lines.append(table(("tid", "name", "role", "pool", "cores"), rows))
+    thread_rows = [
+        (t.tid, t.name[:15], t.role, t.pool or "", f"{t.cores:.2f}") for t in recon.threads[:8]
+    ]
+    lines.append(table(("tid", "name", "role", "pool", "cores"), thread_rows))
     if report.missing:
         lines += ["", "NOT CAPTURED"]
         for name, reason in report.missing.items():

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import CgroupError, ListenError, NoSuchProcess, NotPythonTarget, PermissionDenied
 from ..host.cgroup import CgroupCpu, CpuStat, cpu_cgroup, read_cpu_stat
@@ -28,6 +29,9 @@ from .probe import NoProbe, RegionProbe
 from .process import ProcessWindow, WatchedProcess
 from .profiles import ProfileDirectory, Pusher, PushItem, pprof_bytes
 from .series import TargetSeries
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 
 def say(message: str) -> None:
@@ -50,7 +54,7 @@ class Agent:
             else None
         )
         self.pusher: Pusher | None = None
-        self._server: object | None = None
+        self._server: WSGIServer | None = None
         self._said_waiting = False
         self._said: set[str] = set()
         self.windows = 0
@@ -112,8 +116,8 @@ class Agent:
         if self.pusher is not None:
             self.pusher.close()
         if self._server is not None:
-            self._server.shutdown()  # type: ignore[attr-defined]
-            self._server.server_close()  # type: ignore[attr-defined]
+            self._server.shutdown()
+            self._server.server_close()
             self._server = None
 
     # -- one interval ------------------------------------------------------------------------

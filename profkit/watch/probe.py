@@ -96,9 +96,14 @@ class RegionProbe:
         c = self._collector
         assert c is not None
         # The OpenMP copies' regions: an OpenBLAS pool's are counted apart by the collector.
-        copies = [int(r["index"]) for r in c.probed_runtimes if r["pool"] == "openmp"]  # type: ignore[call-overload]
+        copies = [
+            # probed_runtimes holds RuntimeProbes.describe()'s dict[str, object].
+            int(r["index"])  # type: ignore[call-overload]  # an int, typed object there
+            for r in c.probed_runtimes
+            if r["pool"] == "openmp"
+        ]
         try:
-            table = bpf["runtime_entries"]  # type: ignore[index]
+            table = bpf["runtime_entries"]  # type: ignore[index]  # bcc: tables built at run time
             return sum(int(table[ctypes.c_int(i)].value) for i in copies)
         except Exception:
             return 0
@@ -119,9 +124,10 @@ class RegionProbe:
         if bpf is None or not self.walker_on:
             return {}
         try:
+            table = bpf["pystack_stats"]  # type: ignore[index]  # bcc: tables built at run time
             stats = {
                 int(k.value): StackCounts(int(v.regions), int(v.region_ns))
-                for k, v in bpf["pystack_stats"].items()  # type: ignore[index]
+                for k, v in table.items()
             }
         except Exception:
             return {}
@@ -133,7 +139,7 @@ class RegionProbe:
     def _resolve(self, bpf: object, ids: list[int]) -> None:
         c = self._collector
         assert c is not None and c.walker is not None and c.walker.layout is not None
-        table = bpf["pystacks"]  # type: ignore[index]
+        table = bpf["pystacks"]  # type: ignore[index]  # bcc: tables built at run time
         try:
             resolver = CodeResolver(self.target.pid, c.walker.layout)
         except OSError:
@@ -151,12 +157,13 @@ class RegionProbe:
                     if int(value.instr[i]) & SHIM_FRAME:
                         continue
                     f = resolve_frame(resolver, sources, int(value.code[i]), int(value.instr[i]))
+                    # resolve_frame returns dict[str, object].
                     frames.append(
                         PyFrameInfo(
                             str(f["file"]),
                             str(f["function"]),
-                            int(f["line"]),  # type: ignore[call-overload]
-                            f["code"],  # type: ignore[arg-type]
+                            int(f["line"]),  # type: ignore[call-overload]  # an int, typed object
+                            f["code"],  # type: ignore[arg-type]  # str or None, typed object
                         )
                     )
                 self._frames[stack_id] = tuple(frames)

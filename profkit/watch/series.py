@@ -263,7 +263,8 @@ def merged_profile(
 
     def add(stack: tuple[str, ...], seconds: float) -> None:
         if seconds > 0 and not math.isnan(seconds):
-            weights[("process", *stack)] = weights.get(("process", *stack), 0.0) + seconds
+            key = ("process", *stack)
+            weights[key] = weights.get(key, 0.0) + seconds
 
     for w in windows:
         for name, cpu in w.python_threads.items():

@@ -11,7 +11,7 @@ import threading
 import tty
 from collections.abc import Iterator
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -26,7 +26,7 @@ def _pct(value: float | None) -> str:
 
 
 def render(agent: Agent, notes: list[str] | None = None) -> Group:
-    parts: list[object] = []
+    parts: list[RenderableType] = []
     pids: dict[tuple[str, ...], list[int]] = {}
     for watched, labels in agent.processes.values():
         pids.setdefault(labels, []).append(watched.pid)
@@ -44,10 +44,10 @@ def render(agent: Agent, notes: list[str] | None = None) -> Group:
         parts.extend(_target(series, pids.get(series.labels, [])))
     for note in (notes or [])[-4:]:
         parts.append(Text(f"note: {note}", style="dim"))
-    return Group(*parts)  # type: ignore[arg-type]
+    return Group(*parts)
 
 
-def _target(series: TargetSeries, pids: list[int]) -> list[object]:
+def _target(series: TargetSeries, pids: list[int]) -> list[RenderableType]:
     last = series.last
     assert last is not None
     name = series.labels[0] + (f" ({series.labels[2]})" if series.labels[2] else "")
@@ -76,7 +76,7 @@ def _target(series: TargetSeries, pids: list[int]) -> list[object]:
         sites.add_row(
             key.site, key.function, key.op or "-", f"{cores:.2f}", f"{100 * cores / total:.0f}%"
         )
-    parts: list[object] = [summary, pools]
+    parts: list[RenderableType] = [summary, pools]
     if last.sites:
         parts.append(sites)
     if series.active:

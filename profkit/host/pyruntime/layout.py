@@ -13,6 +13,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass
+from typing import Literal, TypedDict
 
 from .elf import (
     EM_X86_64,
@@ -78,9 +79,44 @@ class Layout:
         return max(ends)
 
 
-def _table(version: tuple[int, int]) -> dict[str, int | str]:
+class _Offsets(TypedDict):
+    """Layout's fields that a version's table or _Py_DebugOffsets supply."""
+
+    interpreters_head: int
+    interp_threads_head: int
+    tstate_next: int
+    tstate_native_thread_id: int
+    frame_kind: str
+    tstate_frame: int
+    cframe_current_frame: int
+    frame_code: int
+    frame_previous: int
+    frame_instr: int
+    frame_owner: int
+    owner_cstack: int
+    code_firstlineno: int
+    code_filename: int
+    code_name: int
+    code_qualname: int
+    code_linetable: int
+    code_adaptive: int
+    tstate_thread_id: int
+    unicode_ascii_size: int
+    unicode_compact_size: int
+
+
+class _DebugOffsets(_Offsets):
+    """_Py_DebugOffsets also gives the object, bytes and string headers."""
+
+    ob_type: int
+    unicode_state: int
+    bytes_size: int
+    bytes_sval: int
+
+
+def _table(version: tuple[int, int]) -> _Offsets:
     if version == (3, 10):
-        return dict(
+        return _Offsets(
             interpreters_head=32, interp_threads_head=8, tstate_next=8,
             tstate_native_thread_id=-1, tstate_thread_id=176, frame_kind="frameobject",
             tstate_frame=24, cframe_current_frame=-1, frame_code=32, frame_previous=24,
@@ -90,7 +126,7 @@ def _table(version: tuple[int, int]) -> dict[str, int | str]:
         )  # fmt: skip
     if version == (3, 11):
         # 3.11 has no shim frames: entry frames are ordinary frames flagged is_entry.
-        return dict(
+        return _Offsets(
             interpreters_head=40, interp_threads_head=16, tstate_next=8,
             tstate_native_thread_id=160, tstate_thread_id=152, frame_kind="cframe",
             tstate_frame=56, cframe_current_frame=8, frame_code=32, frame_previous=48,
@@ -99,7 +135,7 @@ def _table(version: tuple[int, int]) -> dict[str, int | str]:
             code_adaptive=184, unicode_ascii_size=48, unicode_compact_size=72,
         )  # fmt: skip
     if version == (3, 12):
-        return dict(
+        return _Offsets(
             interpreters_head=40, interp_threads_head=72, tstate_next=8,
             tstate_native_thread_id=144, tstate_thread_id=136, frame_kind="cframe",
             tstate_frame=56, cframe_current_frame=0, frame_code=0, frame_previous=8,
@@ -168,7 +204,10 @@ def _code_members(mem: ProcessMemory, code_type: int) -> tuple[dict[str, int], i
     return members, basicsize
 
 
-_CODE_MEMBER_FIELDS = {
+_CodeField = Literal[
+    "code_firstlineno", "code_filename", "code_name", "code_qualname", "code_linetable"
+]
+_CODE_MEMBER_FIELDS: dict[str, _CodeField] = {
     "co_firstlineno": "code_firstlineno",
     "co_filename": "code_filename",
     "co_name": "code_name",
@@ -177,7 +216,7 @@ _CODE_MEMBER_FIELDS = {
 }
 
 
-def _debug_offsets_layout(mem: ProcessMemory, runtime: int, version_hex: int) -> dict:
+def _debug_offsets_layout(mem: ProcessMemory, runtime: int, version_hex: int) -> _DebugOffsets:
     raw = mem.read(runtime, 584)
     if raw[:8] != b"xdebugpy":
         raise PyRuntimeUnsupported("_PyRuntime does not start with the _Py_DebugOffsets cookie")
@@ -199,7 +238,7 @@ def _debug_offsets_layout(mem: ProcessMemory, runtime: int, version_hex: int) ->
         if not 0 < size < 1 << 20 or any(q(section, i) >= size for i in range(1, count)):
             raise PyRuntimeUnsupported(f"_Py_DebugOffsets section at +{section} is inconsistent")
     ascii_size = q(uc, 3)
-    return dict(
+    return _DebugOffsets(
         interpreters_head=q(rt, 2), interp_threads_head=q(interp, 3), tstate_next=q(ts, 2),
         tstate_frame=q(ts, 4), tstate_thread_id=q(ts, 5), tstate_native_thread_id=q(ts, 6),
         frame_kind="direct", cframe_current_frame=-1, frame_previous=q(fr, 1),
@@ -260,6 +299,7 @@ def _detect(mem: ProcessMemory, found: _Found, runtime: int, code_type: int) -> 
         raise PyRuntimeUnsupported(
             f"Python pre-release {version_hex:#x} is not supported (only rc and final)"
         )
+    fields: _Offsets
     if version >= (3, 13):
         fields = _debug_offsets_layout(mem, runtime, version_hex)
         source = "_Py_DebugOffsets"
@@ -267,9 +307,10 @@ def _detect(mem: ProcessMemory, found: _Found, runtime: int, code_type: int) -> 
         fields = _table(version)
         source = f"table {version[0]}.{version[1]}"
         members, basicsize = _code_members(mem, code_type)
-        used = {f: members[m] for m, f in _CODE_MEMBER_FIELDS.items() if m in members}
+        used = [(m, f) for m, f in _CODE_MEMBER_FIELDS.items() if m in members]
+        for m, f in used:
+            fields[f] = members[m]
         if used:
-            fields.update(used)
             source += " + PyCode_Type members"
         if version >= (3, 11):
             # co_code_adaptive is the variable-size tail right after the fixed part.
@@ -280,5 +321,5 @@ def _detect(mem: ProcessMemory, found: _Found, runtime: int, code_type: int) -> 
         runtime_addr=runtime,
         code_type_addr=code_type,
         full_version=version_hex,
-        **fields,  # type: ignore[arg-type]
+        **fields,
     )
