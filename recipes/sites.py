@@ -23,6 +23,7 @@ import ctypes
 import ctypes.util
 import functools
 import glob
+import importlib.util
 import os
 import shutil
 import signal
@@ -62,11 +63,16 @@ def one_round(dispatch):
 
 def gomp_library():
     """torch's bundled libgomp where this project's environment has it, else the system's."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    pattern = os.path.join(here, "..", ".venv", "lib", "python3*", "site-packages", "torch", "lib")
-    for lib in sorted(glob.glob(os.path.join(pattern, "libgomp*.so*"))):
-        return lib
-    return ctypes.util.find_library("gomp")
+    spec = importlib.util.find_spec("torch")  # found, not imported: torch would start its pool
+    for where in spec.submodule_search_locations if spec else []:
+        for lib in sorted(glob.glob(os.path.join(where, "lib", "libgomp*.so*"))):
+            return lib
+    name = ctypes.util.find_library("gomp")  # a soname: the path is where the loader put it
+    if name is None:
+        return None
+    ctypes.CDLL(name)
+    with open("/proc/self/maps") as maps:
+        return next((line.split()[-1] for line in maps if name in line), None)
 
 
 def gomp_dispatch(path, threads):

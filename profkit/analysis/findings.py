@@ -179,7 +179,7 @@ def spin(pool: Pool, activity: Activity | None, recon: Reconciliation) -> Findin
     if activity is None or activity.samples < 20 or recon.pool_workers < FANOUT_MIN_CORES:
         return None
     share = activity.shares.get("spin", 0.0)
-    if share < SPIN_MIN_SHARE or pool.name != "openmp":
+    if share < SPIN_MIN_SHARE or pool.kind != "openmp":
         return None
     return Finding(
         "pool-spin",

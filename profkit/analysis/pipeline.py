@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..bundle.read import Bundle, load_bundle
 from ..errors import BadBundle
 from .activity import Activity, pool_activity
@@ -23,6 +25,9 @@ class PoolReport:
     regions: int
     activity: Activity | None
     attribution: Attribution
+    # Region durations in the window, ms: median, 90th percentile, longest (None: no region
+    # ended in it, or no end probe).
+    region_ms: tuple[float, float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,11 +82,18 @@ def analyse(bundle: Bundle) -> Report:
             window,
             kernels,
         )
-        regions = 0
+        regions, region_ms = 0, None
         if pool_sched is not None:
-            starts = pool_sched.region_start
-            regions = int(((starts >= window[0]) & (starts <= window[1])).sum())
-        pool_reports.append(PoolReport(pool, cpu.cores_of(workers), regions, activity, attribution))
+            starts, ends = pool_sched.region_start, pool_sched.region_end
+            inside = (starts >= window[0]) & (starts <= window[1])
+            regions = int(inside.sum())
+            durations = (ends - starts)[inside & (ends > starts)] / 1e6
+            if len(durations):
+                median, p90 = np.percentile(durations, [50, 90])
+                region_ms = (float(median), float(p90), float(durations.max()))
+        pool_reports.append(
+            PoolReport(pool, cpu.cores_of(workers), regions, activity, attribution, region_ms)
+        )
         for finding in (
             fanout(_pool_recon(recon, pool, cpu), pool, activity, attribution, budget),
             oversubscription(
@@ -95,7 +107,7 @@ def analyse(bundle: Bundle) -> Report:
             if finding:
                 findings.append(finding)
     blind = bundle.perf is None and (bundle.sched is None or not bundle.sched.scheduler_traced)
-    if blind and not any(p.pool.name == "openmp" for p in pool_reports):
+    if blind and not any(p.pool.kind == "openmp" for p in pool_reports):
         # No native collector ran, so a pool could not be seen: judge by the pool the runtime
         # is set to. (With perf or eBPF, seeing no worker means the team is one thread.)
         configured = int(target.get("pool_threads") or 0)

@@ -26,19 +26,35 @@ class ThreadRole:
 
 @dataclass(frozen=True)
 class Pool:
-    name: str  # "openmp", "openblas", "mkl", "tbb"
+    name: str  # the kind, "openmp", "openblas", "mkl", "tbb"; "kind@file" for a further copy
     runtime: str | None  # the library path, when known
     workers: tuple[int, ...]
     dispatchers: tuple[int, ...]
 
     @property
+    def kind(self) -> str:
+        return self.name.split("@", 1)[0]
+
+    @property
     def team_size(self) -> int:
         # The dispatching thread runs a share of each OpenMP region itself.
-        return len(self.workers) + (1 if self.name == "openmp" else 0)
+        return len(self.workers) + (1 if self.kind == "openmp" else 0)
 
 
-def _perf_pool_votes(bundle: Bundle) -> dict[int, Counter[str]]:
-    """For each thread, which pool runtimes its perf samples run in."""
+def _copies(bundle: Bundle) -> dict[str, str | None]:
+    """Pool name -> library path of every runtime copy the region probes saw."""
+    sched = bundle.sched
+    if sched is None or not sched.pool_names:
+        return {}
+    return {
+        name: runtime.get("path")
+        for name, runtime in zip(sched.pool_names, sched.runtimes, strict=True)
+    }
+
+
+def _perf_pool_votes(bundle: Bundle, by_path: dict[str, str]) -> dict[int, Counter[str]]:
+    """For each thread, which pools its perf samples run in: the runtime copy whose library a
+    frame is in (`by_path`), else the pool of that kind."""
     votes: dict[int, Counter[str]] = {}
     perf = bundle.perf
     if perf is None:
@@ -53,11 +69,11 @@ def _perf_pool_votes(bundle: Bundle) -> dict[int, Counter[str]]:
                 or OPENMP_WAIT.search(symbol)
                 or ATEN_PARALLEL.search(symbol)
             ):
-                pool = "openmp"
+                pool = by_path.get(dso, "openmp")
                 break
             named = next((n for n, pattern in POOL_DSOS.items() if pattern.search(dso)), None)
             if named:
-                pool = named
+                pool = by_path.get(dso, named)
                 break
         stack_pool.append(pool)
     tids, stacks = perf.tid, perf.stack
@@ -71,6 +87,33 @@ def _perf_pool_votes(bundle: Bundle) -> dict[int, Counter[str]]:
     return votes
 
 
+def _copy_by_slices(bundle: Bundle, tid: int, candidates: list[str]) -> str:
+    """Which OpenMP copy a worker known only from wakeups serves, where several ran regions.
+    A region ends only once every member of its team reached the closing barrier, so a worker
+    was on CPU during nearly every region of its own copy; during another copy's regions only
+    when it happened to be spinning or running then. The copy whose regions it covers best."""
+    sched = bundle.sched
+    if sched is None or len(candidates) < 2:
+        return "openmp"
+    mine = sched.slice_tid == tid
+    order = np.argsort(sched.slice_start[mine])
+    starts, ends = sched.slice_start[mine][order], sched.slice_end[mine][order]
+    if not len(starts):
+        return "openmp"
+    latest_end = np.maximum.accumulate(ends)
+    coverage: dict[str, float] = {}
+    for name in candidates:
+        regions = sched.for_pool(name)
+        if not len(regions.region_start):
+            continue
+        # The last slice that started before each region ended, and whether any slice up to
+        # it was still running when the region started.
+        last = np.searchsorted(starts, regions.region_end) - 1
+        ran = (last >= 0) & (latest_end[np.maximum(last, 0)] > regions.region_start)
+        coverage[name] = float(ran.mean())
+    return max(coverage, key=coverage.__getitem__) if coverage else "openmp"
+
+
 def classify(
     bundle: Bundle, tids: list[int], names: dict[int, str], busy: set[int] | None = None
 ) -> tuple[tuple[ThreadRole, ...], tuple[Pool, ...]]:
@@ -82,7 +125,8 @@ def classify(
         python_tids |= {int(t) for t in np.unique(bundle.pyspy.tid) if t}
     if not python_tids and pid:
         python_tids = {pid}  # without py-spy, the main thread is the one Python thread known
-    votes = _perf_pool_votes(bundle)
+    copies = _copies(bundle)
+    votes = _perf_pool_votes(bundle, {path: name for name, path in copies.items() if path})
     woken_by_python: Counter[int] = Counter()
     waker_of: dict[int, Counter[int]] = {}
     if bundle.sched is not None:
@@ -106,8 +150,10 @@ def classify(
             pool = counter.most_common(1)[0][0]
             evidence = f"{sum(counter.values())} perf samples in the {pool} runtime"
         elif woken_by_python[tid] >= MIN_WAKEUPS and openmp_path:
-            pool = "openmp"
+            pool = _copy_by_slices(bundle, tid, [n for n in copies if n.startswith("openmp")])
             evidence = f"woken {woken_by_python[tid]} times by a Python thread"
+            if len(copies) > 1:
+                evidence += f", on CPU through the {pool} regions"
         elif blind and openmp_path and name == names.get(pid) and tid in (busy or set()):
             # No native evidence at all: OpenMP workers keep the process's own thread name,
             # while most other libraries name their threads. Weaker, and said so.
@@ -125,8 +171,14 @@ def classify(
         roles.append(ThreadRole(tid, name, WORKER, pool, evidence))
         members.setdefault(pool, []).append(tid)
     pools = []
+    # A runtime copy that ran regions is a pool even where no worker was seen (a team of one).
+    window = bundle.window
+    for name in copies:
+        regions = bundle.sched.for_pool(name).region_start if bundle.sched is not None else ()
+        if name not in members and ((regions >= window[0]) & (regions <= window[1])).any():
+            members[name] = []
     for pool_name, workers in members.items():
-        runtime = (
+        runtime = copies.get(pool_name) or (
             openmp_path
             if pool_name == "openmp"
             else next(

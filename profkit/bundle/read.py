@@ -102,9 +102,10 @@ class SchedData:
     python_stacks: tuple[PyStack, ...] = ()
     walker: str = "off"  # "on" when the eBPF stack walker ran
     walker_reason: str = ""
-    # The pool ("openmp", "openblas") of the runtime copy that started each region.
+    # The pool of the runtime copy that started each region ("openmp", "openblas"; pool_names).
     region_pool: np.ndarray | None = None
     runtimes: tuple[dict, ...] = ()  # every runtime copy probed, by index
+    pool_names: tuple[str, ...] = ()  # the pool each runtime copy feeds, by index (pool_names())
     # Python threads' time off CPU by the stack they left with: (tid, stack index, seconds).
     python_offcpu: tuple[tuple[int, int, float], ...] = ()
 
@@ -306,7 +307,7 @@ def _perf(directory: Path, manifest: dict) -> PerfSamples | None:
         raise BadBundle(f"perf.json lacks {exc}") from exc
 
 
-def _sched(directory: Path) -> SchedData | None:
+def _sched(directory: Path, manifest: dict) -> SchedData | None:
     data = load_part(directory, "ebpf.json")
     if data is None:
         return None
@@ -332,21 +333,46 @@ def _sched(directory: Path) -> SchedData | None:
                 _array(regions["stack"], "stack", "ebpf.json") if "stack" in regions else None
             ),
             **_python_stacks(data.get("python") or {}),
-            **_region_pools(data, len(regions["tid"])),
+            **_region_pools(
+                data, len(regions["tid"]), manifest.get("target", {}).get("openmp_runtime")
+            ),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise BadBundle(f"ebpf.json lacks {exc}") from exc
 
 
-def _region_pools(data: dict, count: int) -> dict[str, object]:
+def pool_names(runtimes: tuple[dict, ...], primary: str | None) -> list[str]:
+    """One pool name per runtime copy, in index order. A process may map several copies of one
+    runtime (a package bundling its own libgomp beside torch's), each with its own workers: the
+    copy the target's pool size is read from (`primary`), else the first, is named by its kind
+    ("openmp"), every other copy by its kind and file name ("openmp@libgomp-a1b2.so.1")."""
+    names: list[str] = []
+    kinds = [str(r.get("pool", "openmp")) for r in runtimes]
+    first = {}
+    for index, (kind, runtime) in enumerate(zip(kinds, runtimes, strict=True)):
+        if runtime.get("path") == primary:
+            first.setdefault(kind, index)
+    for index, kind in enumerate(kinds):
+        first.setdefault(kind, index)
+    for index, (kind, runtime) in enumerate(zip(kinds, runtimes, strict=True)):
+        if first[kind] == index:
+            names.append(kind)
+            continue
+        name = f"{kind}@{Path(str(runtime.get('path', index))).name}"
+        names.append(name if name not in names else f"{name}#{index}")
+    return names
+
+
+def _region_pools(data: dict, count: int, primary: str | None) -> dict[str, object]:
     """Bundles from before several runtime copies were probed have one OpenMP runtime."""
     runtimes = tuple(data.get("runtimes") or ())
     column = data["regions"].get("runtime")
     if column is None or len(column) != count:
         return {"runtimes": runtimes}
-    pools = [str(r.get("pool", "openmp")) for r in runtimes]
+    pools = pool_names(runtimes, primary)
     return {
         "runtimes": runtimes,
+        "pool_names": tuple(pools),
         "region_pool": np.array(
             [pools[i] if 0 <= i < len(pools) else "openmp" for i in column], dtype=object
         ),
@@ -412,6 +438,6 @@ def load_bundle(directory: Path | str) -> Bundle:
         _proc(directory),
         _pyspy(directory, manifest) or python_samples_from_ebpf(directory, manifest),
         _perf(directory, manifest),
-        _sched(directory),
+        _sched(directory, manifest),
         _cgroup(directory),
     )

@@ -71,7 +71,14 @@ class Target:
 
     @property
     def openmp_runtime(self) -> Runtime | None:
-        return self.runtime("libgomp") or self.runtime("libiomp5") or self.runtime("libomp")
+        """The OpenMP runtime whose pool size matters most: torch's own copy where torch is
+        loaded (a process may map other packages' bundled copies too), else the first mapped."""
+        kinds = ("libgomp", "libiomp5", "libomp")
+        openmp = sorted(
+            (r for r in self.runtimes if r.name in kinds), key=lambda r: kinds.index(r.name)
+        )
+        torch_own = [r for r in openmp if self.torch_dir and r.path.startswith(self.torch_dir)]
+        return next(iter(torch_own or openmp), None)
 
 
 _T = TypeVar("_T")

@@ -179,6 +179,11 @@ def report_dict(report: Report) -> ReportJson:
                 "cores": _r(p.cores),
                 "regions": p.regions,
                 "regions_with_stack": p.attribution.regions_with_stack,
+                "region_ms": (
+                    dict(zip(("median", "p90", "max"), map(_r, p.region_ms), strict=True))
+                    if p.region_ms
+                    else None
+                ),
                 "activity": (
                     {k: _r(v) for k, v in p.activity.shares.items()}
                     if p.activity and p.activity.samples

@@ -58,6 +58,13 @@ def render_text(report: Report) -> str:
             f"POOL {pool.pool.name}: {len(pool.pool.workers)} workers (team "
             f"{pool.pool.team_size}), {pool.cores:.2f} cores, {pool.regions} regions",
         ]
+        if pool.pool.runtime and "@" in pool.pool.name:
+            lines.append(f"  library: {pool.pool.runtime}")
+        if pool.region_ms:
+            median, p90, longest = pool.region_ms
+            lines.append(
+                f"  regions last {median:.3g} ms median, {p90:.3g} ms p90, {longest:.3g} ms max"
+            )
         if pool.activity and pool.activity.samples:
             shares = "  ".join(f"{k} {100 * v:.0f}%" for k, v in pool.activity.shares.items())
             lines.append(f"  activity ({pool.activity.samples} perf samples): {shares}")

@@ -178,7 +178,10 @@ def test_every_copy_of_a_runtime_is_probed(start_recipe, tmp_path: Path) -> None
     """Two copies of libgomp mapped (as a package bundling its own brings): both probed, and
     each region counted against the copy that ran it."""
     recipe = start_recipe("sites.py", "--pool", "gomp2", "--rounds-per-s", "50", warmup=0.5)
-    captured = attach(recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=2.0)
+    # The scheduler traced whatever the machine's switch rate: it tells each copy's workers.
+    captured = attach(
+        recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", "--ebpf-sched", "on", duration=2.0
+    )
     assert captured.returncode == 0, captured.stderr
     ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
     copies = [r for r in ebpf["runtimes"] if r["name"] == "libgomp"]
@@ -190,6 +193,28 @@ def test_every_copy_of_a_runtime_is_probed(start_recipe, tmp_path: Path) -> None
     second = next(c["index"] for c in copies if "libgomp-copy" in c["path"])
     first = next(c["index"] for c in copies if c["index"] != second)
     assert per_copy == {first: {"site_one", "site_two"}, second: {"site_three"}}, per_copy
+    # The report has a pool per copy, each with its own regions, workers and call sites; one
+    # is named by its kind, the other by its kind and file.
+    report = report_of(tmp_path / "b")
+    pools = {p["library"]: p for p in report["pools"]}
+    assert set(pools) == {c["path"] for c in copies}, report["pools"]
+    names = sorted(p["runtime"] for p in pools.values())
+    assert names[0] == "openmp" and names[1].startswith("openmp@"), names
+    for path, pool in pools.items():
+        assert pool["regions"] > 0 and pool["regions_with_stack"] >= 0.99 * pool["regions"], pool
+        assert pool["region_ms"] and pool["dispatchers"], pool
+        assert pool["workers"] == 3, pool  # teams of 4: the dispatcher and three workers each
+        if pool["runtime"] != "openmp":
+            assert pool["runtime"] == f"openmp@{Path(path).name}", pool
+    copy_path = next(c["path"] for c in copies if c["index"] == second)
+    sites = {
+        p["library"]: {r["function"] for r in report["attribution"] if r["pool"] == p["runtime"]}
+        for p in report["pools"]
+    }
+    assert sites == {
+        next(p for p in pools if p != copy_path): {"site_one", "site_two"},
+        copy_path: {"site_three"},
+    }, report["attribution"]
 
 
 def test_openblas_pool_attributed_to_its_line(start_recipe, tmp_path: Path) -> None:
