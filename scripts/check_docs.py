@@ -189,7 +189,7 @@ def check_file(root: Path, path: Path, cache: dict[Path, set[str]]) -> list[str]
         code_texts = [line] if code else spans
         tokens: list[str] = []
         for text in code_texts:
-            for token in re.split(r"[\s=\"']+", text):
+            for token in re.split(r"[\s=\"'`]+", text):
                 if token.startswith(tuple(f"{d}/" for d in CODE_PATH_ROOTS)):
                     tokens.append(token)
         for text in [*code_texts, prose]:
@@ -224,12 +224,16 @@ def check_file(root: Path, path: Path, cache: dict[Path, set[str]]) -> list[str]
             if not resolved.exists():
                 problems.append(f"{where}:{number}: broken link: {target} (no such file)")
                 continue
-            if anchor and resolved.is_file() and resolved.suffix == ".md":
-                if anchor not in anchors_of(resolved.resolve(), cache):
-                    problems.append(
-                        f"{where}:{number}: broken link: {target} "
-                        f"(no heading '#{anchor}' in {resolved.resolve().relative_to(root)})"
-                    )
+            if (
+                anchor
+                and resolved.is_file()
+                and resolved.suffix == ".md"
+                and anchor not in anchors_of(resolved.resolve(), cache)
+            ):
+                problems.append(
+                    f"{where}:{number}: broken link: {target} "
+                    f"(no heading '#{anchor}' in {resolved.resolve().relative_to(root)})"
+                )
     return problems
 
 

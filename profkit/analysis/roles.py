@@ -174,8 +174,9 @@ def classify(
     # A runtime copy that ran regions is a pool even where no worker was seen (a team of one).
     window = bundle.window
     for name in copies:
-        regions = bundle.sched.for_pool(name).region_start if bundle.sched is not None else ()
-        if name not in members and ((regions >= window[0]) & (regions <= window[1])).any():
+        assert bundle.sched is not None  # copies come from its region probes
+        starts = bundle.sched.for_pool(name).region_start
+        if name not in members and ((starts >= window[0]) & (starts <= window[1])).any():
             members[name] = []
     for pool_name, workers in members.items():
         runtime = copies.get(pool_name) or (

@@ -58,6 +58,7 @@ class PoolJson(TypedDict):
     cores: float
     regions: int
     regions_with_stack: int
+    region_ms: dict[str, float | None] | None
     activity: dict[str, float] | None
     kernel_kinds: dict[str, float] | None
     top_work: list[WorkJson]

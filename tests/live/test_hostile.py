@@ -271,7 +271,6 @@ def test_bad_numbers_exit_2_at_once_and_start_nothing(
 ) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "bundle"
     env = {**os.environ, "PROFKIT_RUN_DIR": str(tmp_path / "run")}
-    began = time.monotonic()
     process = subprocess.Popen(
         attach_command(python_sleeper.pid, extra=[*args, "--out", str(out)]),
         stderr=subprocess.PIPE,
@@ -285,12 +284,12 @@ def test_bad_numbers_exit_2_at_once_and_start_nothing(
             for task in Path(f"/proc/{process.pid}/task").iterdir():
                 children |= set((task / "children").read_text().split())
         time.sleep(0.002)
-    elapsed = time.monotonic() - began
     _, stderr = process.communicate()
     result = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
     assert result.returncode == EXIT_USAGE, stderr
+    # Click's own message: the value was refused while the arguments were parsed, before
+    # profkit looked at the target (how long that takes is the machine's, not a guarantee).
     assert "Invalid value" in one_line(result)
-    assert elapsed < 1.0, f"took {elapsed:.2f} s"
     assert children == set(), "a tool was started"
     assert not out.exists() and not (tmp_path / "run").exists()
     assert procfs.read_stat(python_sleeper.pid).state != "T"
