@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bundle.parts import MANIFEST, PERF_DATA
 from ..bundle.safefile import held_directory, replace_file, write_new
 from ..errors import OutputError, TargetBusy
 from ..host import procfs
@@ -272,23 +273,23 @@ def mark_aborted(
             return []
         held = held_directory(fd)
         try:
-            content = json.loads((held / "manifest.json").read_text())
+            content = json.loads((held / MANIFEST).read_text())
         except (OSError, ValueError):
             return []
         # A bundle that was finished keeps what it kept (perf.data with --perf-scope thread).
         if not isinstance(content, dict) or content.get("status") not in ("capturing", "aborted"):
             return []
         try:
-            (held / "perf.data").unlink()
+            (held / PERF_DATA).unlink()
         except OSError:
             pass
         else:
-            actions.append(f"removed {bundle / 'perf.data'}")
+            actions.append(f"removed {bundle / PERF_DATA}")
         if content.get("status") == "capturing":
             content["status"] = "aborted"
             content["status_reason"] = reason
             with contextlib.suppress(OSError):
-                replace_file(held / "manifest.json", json.dumps(content, indent=2))
+                replace_file(held / MANIFEST, json.dumps(content, indent=2))
                 actions.append(f"marked {bundle} aborted")
     finally:
         os.close(fd)

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..bundle.parts import MANIFEST, OWNER, PERF_DATA, CollectorResult
 from ..bundle.safefile import held_directory
 from ..bundle.write import (
-    MANIFEST,
     collector_record,
     create_directory,
     enforce_max_size,
@@ -32,10 +32,10 @@ from ..host.quota import diagnose
 from ..host.target import Target, ensure_same, pool_threads
 from .budget import HANG_S, Budget, BudgetMonitor
 from .clock import NS_PER_S, Clock, monotonic_ns
-from .collectors import REGISTRY
-from .collectors.base import CaptureContext, Collector, CollectorResult
+from .collectors.base import CaptureContext, Collector
 from .ebpf.collector import EbpfCollector
 from .ebpf.pywalk import PythonWalker
+from .registry import ALL_COLLECTORS, REGISTRY
 from .runs import RunRecord, target_lock
 from .startup import (
     cpu_spent_by_tool,
@@ -45,8 +45,6 @@ from .startup import (
     wait_until_attached,
 )
 
-# Start order: the slow eBPF compile first, so that it does not eat into the window.
-ALL_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
 # perf stat repeats what /proc and eBPF already count, at a cost (docs/collectors.md): opt-in.
 # py-spy stops the target per sample: it joins the default set only where the eBPF walker
 # cannot read the target's Python stacks (plan_collectors).
@@ -58,12 +56,6 @@ DEFAULT_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_record")
 SAMPLERS = ("proc", "cgroup")
 # Which collector goes first when the tools use too much CPU, costliest kind first.
 DROP_ORDER = ("perf_record", "pyspy", "perf_stat", "ebpf")
-FILE_OWNERS = {
-    "perf_stat.json": "perf_stat",
-    "perf.json": "perf_record",
-    "pyspy.json": "pyspy",
-    "ebpf.json": "ebpf",
-}
 
 
 @dataclass
@@ -250,7 +242,7 @@ def _abort(directory: Path, state: dict, exc: BaseException, clock: Clock) -> bo
             _stop_collectors(state.get("running", {}), results, clock)
         # It holds every process's samples; it never outlives a capture that did not finish.
         with contextlib.suppress(OSError):
-            (directory / "perf.data").unlink()
+            (directory / PERF_DATA).unlink()
         manifest = state.get("manifest")
         if manifest is None:
             return True
@@ -396,7 +388,7 @@ def _capture(
             results[name] = replace(results[name], status="partial", reason=dropped[name])
     degraded = enforce_max_size(directory, int(request.max_size_mb * 1024 * 1024))
     for name in degraded:
-        owner = FILE_OWNERS.get(name)
+        owner = OWNER.get(name)
         if owner in results and results[owner].status == "ok":
             results[owner] = replace(
                 results[owner],

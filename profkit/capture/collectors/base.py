@@ -1,4 +1,5 @@
-"""The one small interface every collector implements, and what it reports when it stops."""
+"""The one small interface every collector implements. What it reports when it stops is part
+of the bundle (bundle/parts.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from ...bundle.parts import CollectorResult
 from ...host.target import Target
 from ..clock import Clock
 
@@ -27,19 +29,6 @@ class CaptureContext:
     options: dict[str, str] = field(default_factory=dict)
     # Every child tool's pid is recorded, so that a later run can clean up after a killed one.
     register_child: Callable[[int], None] = lambda pid: None
-
-
-@dataclass(frozen=True)
-class CollectorResult:
-    name: str
-    status: str  # "ok", "partial", "failed", "unavailable", "skipped"
-    reason: str = ""
-    samples: int = 0
-    lost: int = 0
-    start_ns: int | None = None
-    end_ns: int | None = None
-    files: tuple[str, ...] = ()
-    notes: dict[str, object] = field(default_factory=dict)
 
 
 @runtime_checkable

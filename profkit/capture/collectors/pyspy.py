@@ -17,17 +17,16 @@ import re
 import signal
 from pathlib import Path
 
+from ...bundle.parts import PYSPY, CollectorResult, pyspy_trace
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Target
 from ...host.tools import find_tool
 from ..startup import ATTACH_TIMEOUT_S, SETTLE_TIMEOUT_S
-from .base import Availability, CaptureContext, CollectorResult
+from .base import Availability, CaptureContext
 from .child import ChildTool
 
 THREAD_FRAME = re.compile(r"^thread \((\d+)\)(?::\s*(.*))?$")
-RAW_FILE = "pyspy.chrometrace.json"
-NORMALISED_FILE = "pyspy.json"
 
 
 class PySpyCollector:
@@ -58,7 +57,7 @@ class PySpyCollector:
         assert self._tool.path is not None and self._context is not None
         context = self._context
         index = len(self._segments)
-        raw = context.directory / (RAW_FILE if index == 0 else f"pyspy.chrometrace.{index}.json")
+        raw = context.directory / pyspy_trace(index)
         # --native needs the target stopped per sample; --nonblocking never stops it.
         mode = ["--native"] if native else ["--nonblocking"]
         args = [
@@ -157,7 +156,7 @@ class PySpyCollector:
             )
         normalised = merge(parts)
         normalised["sources"] = source_lines(normalised["frames"])
-        write_new(self._context.directory / NORMALISED_FILE, json.dumps(normalised))
+        write_new(self._context.directory / PYSPY, json.dumps(normalised))
         spans = normalised["spans"]
         samples = sum(
             max(1, round((e - s) / 1e9 * r))
@@ -172,7 +171,7 @@ class PySpyCollector:
             lost=errors,
             start_ns=min(spans["start_ns"], default=None),
             end_ns=max(spans["end_ns"], default=None),
-            files=(*[raw.name for _, _, raw, _ in self._segments if raw.exists()], NORMALISED_FILE),
+            files=(*[raw.name for _, _, raw, _ in self._segments if raw.exists()], PYSPY),
             notes=notes,
         )
 

@@ -16,17 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 
+from ...bundle.parts import EBPF, CollectorResult
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Runtime, Target
 from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
 from ..clock import Clock
-from ..collectors.base import Availability, CaptureContext, CollectorResult
+from ..collectors.base import Availability, CaptureContext
 from .loader import BccUnavailable, load_bcc
 from .pywalk import PythonWalker
 from .regions import RuntimeProbes, find_probes, handler_source, probeable
 
-NORMALISED_FILE = "ebpf.json"
 # What the Python stack walker adds to a region's entry trap, measured with
 # benchmarks/probe_cost.py (docs/results/2core-probe-cost-walker.txt).
 WALKER_HIT_S = 1.4e-6
@@ -462,7 +462,7 @@ class EbpfCollector:
                 "runtimes": self.probed_runtimes,
             }
         )
-        write_new(self._context.directory / NORMALISED_FILE, json.dumps(payload))
+        write_new(self._context.directory / EBPF, json.dumps(payload))
         return CollectorResult(
             self.name,
             "ok",
@@ -471,7 +471,7 @@ class EbpfCollector:
             lost=sum(self.lost.values()),
             start_ns=self._start_ns,
             end_ns=end_ns,
-            files=(NORMALISED_FILE,),
+            files=(EBPF,),
             notes={
                 "attached": self.attached,
                 "regions": len(self.regions["tid"]),
