@@ -17,7 +17,7 @@ from ..errors import EXIT_INTERRUPTED, EXIT_OK, PermissionDenied, UsageError
 from ..host.cgroup import CgroupError, cpu_cgroup
 from ..host.target import Target, inspect
 from .options import capture_options, pid_option
-from .summary import print_outcome
+from .output import print_outcome
 
 
 def run_capture(

@@ -1,4 +1,5 @@
-"""What attach and run print when the capture ends."""
+"""What the commands share to hand their results over: the files they write and the lines
+`attach` and `run` print when the capture ends."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ from pathlib import Path
 
 import click
 
+from ..bundle.safefile import replace_file
+from ..errors import OutputError
 from ..render.table import table
+
+
+def write_output(path: str | Path, data: str | bytes, mode: int = 0o600) -> None:
+    """Written under a fresh name and renamed into place: a link at path is replaced, never
+    written through, and the file has exactly `mode`."""
+    try:
+        replace_file(path, data, mode)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror}") from exc
 
 
 def print_outcome(directory: Path, manifest: dict, report: bool) -> None:
