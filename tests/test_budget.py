@@ -87,7 +87,7 @@ def test_auto_mode_keeps_native_only_where_one_hertz_fits() -> None:
 
 
 def test_stopped_share_ignores_the_attach_pause_and_needs_enough_rows() -> None:
-    budget = Budget(stopped_share=0.02, window_s=3.0, settle_s=1.5)
+    budget = Budget(overhead_share=0.02, window_s=3.0, settle_s=1.5)
     monitor = BudgetMonitor(budget, started_ns=0)
     seen: list[tuple[int, ...]] = []
     # The first 1.5 s (py-spy attaching) are fully stopped and must not count.
@@ -121,7 +121,7 @@ def test_wilson_lower_bound() -> None:
 
 
 def judge(instants: int, stopped_at: set[int], threads: int = 18) -> StopEstimate:
-    monitor = BudgetMonitor(Budget(stopped_share=0.02), started_ns=0)
+    monitor = BudgetMonitor(Budget(overhead_share=0.02), started_ns=0)
     seen = [
         row
         for tick in range(instants)

@@ -30,9 +30,9 @@ from ..host import procfs
 from ..host.cgroup import cpu_cgroup
 from ..host.quota import diagnose
 from ..host.target import Target, ensure_same, pool_threads
-from .budget import HANG_S, Budget, BudgetMonitor
+from .budget import HANG_S, STOP_LIMIT, BudgetMonitor, times
 from .clock import NS_PER_S, Clock, monotonic_ns
-from .collectors.base import CaptureContext, Collector
+from .collectors.base import CaptureContext, CaptureOptions, Collector
 from .ebpf.collector import EbpfCollector
 from .ebpf.pywalk import PythonWalker
 from .registry import ALL_COLLECTORS, REGISTRY
@@ -66,9 +66,8 @@ class CaptureRequest:
     rate_hz: int
     collectors: tuple[str, ...] = DEFAULT_COLLECTORS
     max_size_mb: float = 256.0
-    options: dict[str, str] = field(default_factory=dict)
+    options: CaptureOptions = field(default_factory=CaptureOptions)
     clock: Clock = monotonic_ns
-    budget: Budget = field(default_factory=Budget)
     # Run even if another profkit is capturing the same target; both manifests say so.
     force: bool = False
     # Requested collectors this user may not run, and why: recorded, never started.
@@ -265,6 +264,27 @@ def _abort(directory: Path, state: dict, exc: BaseException, clock: Clock) -> bo
     return True
 
 
+def _options_record(request: CaptureRequest) -> dict[str, object]:
+    """The options in the manifest, spelled as bundles have always spelled them (the budget
+    twice, once as a string)."""
+    options, budget = request.options, request.options.budget
+    return {
+        "duration_s": request.duration_s,
+        "rate_hz": request.rate_hz,
+        "collectors": list(request.collectors),
+        "max_size_mb": request.max_size_mb,
+        "budget": {"stopped_share": budget.overhead_share, "tool_cores": budget.tool_cores},
+        "perf_callgraph": options.perf_callgraph,
+        "perf_rate": str(options.perf_rate_hz),
+        "perf_scope": options.perf_scope,
+        "pyspy_mode": options.pyspy_mode,
+        "pyspy_mode_reason": options.pyspy_mode_reason,
+        "ebpf_sched": options.ebpf_sched,
+        "python_stacks": options.python_stacks,
+        "overhead_budget": str(budget.overhead_share),
+    }
+
+
 def _quota(target: Target) -> dict[str, object] | None:
     try:
         cg = cpu_cgroup(target.pid)
@@ -316,17 +336,7 @@ def _capture(
     manifest = new_manifest(
         target_record(target, names, torch_version_of(target)),
         _quota(target),
-        {
-            "duration_s": request.duration_s,
-            "rate_hz": request.rate_hz,
-            "collectors": list(request.collectors),
-            "max_size_mb": request.max_size_mb,
-            "budget": {
-                "stopped_share": request.budget.stopped_share,
-                "tool_cores": request.budget.tool_cores,
-            },
-            **request.options,
-        },
+        _options_record(request),
     )
     if state["overlaps"]:
         manifest["overlapped_with"] = state["overlaps"]
@@ -352,13 +362,13 @@ def _capture(
     with stop_on_signals(stop) as received:
         # A Ctrl-C while the tools start ends the waits too; the window is then empty.
         attach_stop_s = None
-        if "pyspy" in running and request.options.get("pyspy_mode") != "nonblocking":
+        if "pyspy" in running and request.options.pyspy_mode != "nonblocking":
             attach_stop_s = wait_until_attached(target, request.clock, stop)
         settle_s = wait_for_tools_to_settle(record, request.clock, stop)
         status, reason = "complete", ""
         window_start = request.clock()
         tools_cpu_start = tools_cpu_by_process(record)
-        monitor = BudgetMonitor(request.budget, window_start)
+        monitor = BudgetMonitor(request.options.budget, window_start)
         dropped: dict[str, str] = {}
         deadline = window_start + int(request.duration_s * NS_PER_S)
         next_check = window_start + NS_PER_S
@@ -481,16 +491,14 @@ def _enforce_budget(
         return
     pyspy = running.get("pyspy")
     over_budget = stops is not None and (
-        # Twice the budget, and only where the samples show it with confidence: the default
-        # rate is chosen to sit inside the budget, and a restart costs py-spy's start-up CPU.
-        stops.lower > 2 * monitor.budget.stopped_share or stops.longest_s >= HANG_S
+        stops.lower > STOP_LIMIT * monitor.budget.overhead_share or stops.longest_s >= HANG_S
     )
     if over_budget and pyspy is not None and "pyspy" not in dropped:
         assert stops is not None
         why = (
             f"target stopped {100 * stops.share:.1f}% of the time by py-spy (at least "
             f"{100 * stops.lower:.1f}% with 95% confidence over {stops.instants} samples), over "
-            f"twice the {100 * monitor.budget.stopped_share:g}% budget"
+            f"{times(STOP_LIMIT)} the {100 * monitor.budget.overhead_share:g}% budget"
             if stops.longest_s < HANG_S
             else f"py-spy held the target stopped for {stops.longest_s:.1f} s at once"
         )

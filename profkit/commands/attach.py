@@ -9,6 +9,7 @@ import click
 
 from ..bundle.write import default_directory
 from ..capture.budget import Budget, auto_mode, default_rate, pyspy_stop_share
+from ..capture.collectors.base import CaptureOptions
 from ..capture.ebpf.collector import EbpfCollector
 from ..capture.runs import clean_stale
 from ..capture.session import CaptureRequest, capture, plan_collectors, progress_printer
@@ -31,8 +32,8 @@ def run_capture(
     perf_rate: int,
     no_report: bool,
     perf_scope: str = "cpu",
-    stop_budget: float = 2.0,
-    cpu_budget: float = 0.5,
+    budget_pct: float = 100 * Budget().overhead_share,
+    tool_cores: float = Budget().tool_cores,
     pyspy_mode: str = "auto",
     ebpf_sched: str = "auto",
     python_stacks: str = "auto",
@@ -42,8 +43,9 @@ def run_capture(
         raise UsageError(f"--duration must be positive, got {duration:g}")
     if max_size_mb <= 0:
         raise UsageError(f"--max-size must be positive, got {max_size_mb:g}")
-    if stop_budget <= 0 or cpu_budget <= 0:
+    if budget_pct <= 0 or tool_cores <= 0:
         raise UsageError("--budget and --cpu-budget must be positive")
+    budget = Budget(overhead_share=budget_pct / 100, tool_cores=tool_cores)
     ebpf_denied = cannot_run(("ebpf",), perf_scope).get("ebpf") if os.geteuid() != 0 else None
     parsed, pyspy_note = plan_collectors(collectors, target, python_stacks, ebpf_denied)
     for cleanup in clean_stale():
@@ -71,7 +73,7 @@ def run_capture(
     stop_share = pyspy_stop_share(probes="ebpf" in parsed and EbpfCollector().available(target).ok)
     mode_reason = ""
     if pyspy_mode == "auto":
-        pyspy_mode, mode_reason = auto_mode(target.threads, stop_budget / 100, cpus, stop_share)
+        pyspy_mode, mode_reason = auto_mode(target.threads, budget.overhead_share, cpus, stop_share)
         if mode_reason:
             click.echo(f"profkit: py-spy goes --nonblocking: {mode_reason}", err=True)
     request = CaptureRequest(
@@ -80,20 +82,19 @@ def run_capture(
         duration_s=duration,
         rate_hz=rate
         if rate is not None
-        else default_rate(target.threads, stop_budget / 100, pyspy_mode, cpus, stop_share),
+        else default_rate(target.threads, budget.overhead_share, pyspy_mode, cpus, stop_share),
         collectors=(*parsed, *unavailable),
         max_size_mb=max_size_mb,
-        options={
-            "perf_callgraph": perf_callgraph,
-            "perf_rate": str(perf_rate),
-            "perf_scope": perf_scope,
-            "pyspy_mode": pyspy_mode,
-            "pyspy_mode_reason": mode_reason,
-            "ebpf_sched": ebpf_sched,
-            "python_stacks": python_stacks,
-            "overhead_budget": str(stop_budget / 100),
-        },
-        budget=Budget(stopped_share=stop_budget / 100, tool_cores=cpu_budget),
+        options=CaptureOptions(
+            budget=budget,
+            pyspy_mode=pyspy_mode,
+            pyspy_mode_reason=mode_reason,
+            python_stacks=python_stacks,
+            ebpf_sched=ebpf_sched,
+            perf_callgraph=perf_callgraph,
+            perf_rate_hz=perf_rate,
+            perf_scope=perf_scope,
+        ),
         force=force,
         unavailable=unavailable,
     )

@@ -8,6 +8,17 @@ from pathlib import Path
 import click
 
 from ..bundle.write import check_output
+from ..capture.budget import (
+    HANG_S,
+    MAX_DEFAULT_RATE_HZ,
+    PYSPY_CPU_SHARE,
+    PYSPY_STOP_SHARE,
+    SCHED_TRACE_SHARE,
+    STOP_LIMIT,
+    Budget,
+    pyspy_stop_share,
+    times,
+)
 from ..capture.session import parse_collectors
 from ..errors import UsageError
 
@@ -88,6 +99,10 @@ def out_callback(ctx: click.Context, param: click.Parameter, value: str | None):
     return value
 
 
+def pct(share: float) -> str:
+    return f"{100 * share:g}%"
+
+
 pid_option = click.option("--pid", "-p", type=int, required=True, help="Target process id.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 
@@ -116,9 +131,10 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "-r",
             type=Number(int, 1, 1000, unit=" Hz"),
             default=None,
-            help="py-spy sampling rate in Hz (default: up to 10, chosen from the target's "
-            "thread and CPU counts so that py-spy's pauses and its own CPU fit their parts "
-            "of --budget: 35% and 15%, the pauses 70% where no eBPF probe runs).",
+            help=f"py-spy sampling rate in Hz (default: up to {MAX_DEFAULT_RATE_HZ}, chosen from "
+            "the target's thread and CPU counts so that py-spy's pauses and its own CPU fit "
+            f"their parts of --budget: {pct(PYSPY_STOP_SHARE)} and {pct(PYSPY_CPU_SHARE)}, the "
+            f"pauses {pct(pyspy_stop_share(probes=False))} where no eBPF probe runs).",
         ),
         click.option(
             "--pyspy-mode",
@@ -132,15 +148,15 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         click.option(
             "--budget",
             "--stop-budget",
-            "stop_budget",
+            "budget_pct",
             type=Number(float, 0, 100, low_open=True, unit="%"),
-            default=2.0,
+            default=100 * Budget().overhead_share,
             show_default=True,
             help="Most % of the target's throughput profkit may cost it: sets py-spy's rate "
             "and mode, whether the scheduler is traced and whether the OpenMP region probes "
-            "stay on, each held to its part; if the target is seen stopped more than twice "
-            "this share of its time (95% confidence) or for 1 s at once, py-spy goes "
-            "--nonblocking.",
+            f"stay on, each held to its part; if the target is seen stopped more than "
+            f"{times(STOP_LIMIT)} this share of its time (95% confidence) or for {HANG_S:g} s "
+            "at once, py-spy goes --nonblocking.",
         ),
         click.option(
             "--ebpf-sched",
@@ -148,7 +164,8 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             default="auto",
             show_default=True,
             help="Scheduler tracepoints (slices, wakeups): auto traces them unless the machine's "
-            "context-switch rate says they would cost more than their part (20%) of --budget.",
+            "context-switch rate says they would cost more than their part "
+            f"({pct(SCHED_TRACE_SHARE)}) of --budget.",
         ),
         click.option(
             "--python-stacks",
@@ -161,8 +178,9 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         ),
         click.option(
             "--cpu-budget",
+            "tool_cores",
             type=Number(float, 0, 4096, low_open=True, unit=" cores"),
-            default=0.5,
+            default=Budget().tool_cores,
             show_default=True,
             help="Most CPU (cores) profkit and its tools may use; over it a collector stops.",
         ),

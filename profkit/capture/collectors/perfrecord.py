@@ -52,8 +52,7 @@ class PerfRecordCollector:
     def start(self, context: CaptureContext) -> None:
         assert self._tool.path is not None
         self._context = context
-        callgraph = context.options.get("perf_callgraph", "fp")
-        max_mb = context.options.get("perf_max_mb", "64")
+        options = context.options
         scope = self._scope_args(context)
         self._cpus = scope[2] if len(scope) > 2 else ("all" if scope == ["-a"] else "")
         args = [
@@ -61,13 +60,13 @@ class PerfRecordCollector:
             "-e",
             "cpu-clock",
             "-F",
-            str(context.options.get("perf_rate", 49)),
-            *CALLGRAPHS[callgraph],
+            str(options.perf_rate_hz),
+            *CALLGRAPHS[options.perf_callgraph],
             "-k",
             "CLOCK_MONOTONIC",
             *scope,
             "--max-size",
-            f"{max_mb}M",
+            f"{options.perf_max_mb}M",
             "-o",
             str(context.directory / PERF_DATA),
         ]
@@ -76,7 +75,7 @@ class PerfRecordCollector:
 
     @staticmethod
     def _scope_args(context: CaptureContext) -> list[str]:
-        if context.options.get("perf_scope", "cpu") == "thread":
+        if context.options.perf_scope == "thread":
             return ["-p", str(context.target.pid)]
         # Only the CPUs the target may run on: in a cpuset container that is a fraction of a
         # large machine, and samples elsewhere would all be thrown away.
@@ -95,10 +94,11 @@ class PerfRecordCollector:
         assert self._child is not None and self._context is not None and self._tool.path
         exit_code = self._child.stop()
         directory = self._context.directory
+        options = self._context.options
         notes: dict[str, object] = {
-            "callgraph": self._context.options.get("perf_callgraph", "fp"),
-            "rate_hz": int(self._context.options.get("perf_rate", 49)),
-            "scope": self._context.options.get("perf_scope", "cpu"),
+            "callgraph": options.perf_callgraph,
+            "rate_hz": options.perf_rate_hz,
+            "scope": options.perf_scope,
             "cpus": self._cpus,
             "exit_code": exit_code,
         }

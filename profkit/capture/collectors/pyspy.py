@@ -50,7 +50,7 @@ class PySpyCollector:
 
     def start(self, context: CaptureContext) -> None:
         self._context = context
-        native = context.options.get("pyspy_mode") != "nonblocking"
+        native = context.options.pyspy_mode != "nonblocking"
         self._start_segment(context.rate_hz, native=native)
 
     def _start_segment(self, rate: int, native: bool) -> None:
@@ -130,7 +130,7 @@ class PySpyCollector:
             "exit_codes": [c.exit_code for c, _, _, _ in self._segments],
             "anchors_ns": [c.started_ns for c, _, _, _ in self._segments],
             "native": [n for _, _, _, n in self._segments],
-            "mode_reason": self._context.options.get("pyspy_mode_reason", ""),
+            "mode_reason": self._context.options.pyspy_mode_reason,
             "sigcont_sent_to": resumed,
             "version": self._tool.version_text,
         }

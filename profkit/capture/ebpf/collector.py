@@ -81,14 +81,14 @@ def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) ->
     """Whether to trace the scheduler: its tracepoints run on every context switch of the
     machine, so on a busy one they cost more than their share of the budget
     (docs/collectors.md)."""
-    setting = context.options.get("ebpf_sched", "auto")
+    setting = context.options.ebpf_sched
     if setting != "auto":
         return {
             "traced": setting == "on",
             "setting": setting,
             "reason": "" if setting == "on" else "scheduler tracepoints off (--ebpf-sched off)",
         }
-    budget = SCHED_TRACE_SHARE * float(context.options.get("overhead_budget", "0.02"))
+    budget = SCHED_TRACE_SHARE * context.options.budget.overhead_share
     rate = (switches or SwitchRate(context.clock)).rate()
     share = sched_trace_share(rate, os.cpu_count() or 1)
     decision: dict[str, object] = {
@@ -176,7 +176,7 @@ class EbpfCollector:
         self._context = context
         target = context.target
         switches = SwitchRate(context.clock)
-        flags = self._prepare_walker(target, context.options.get("python_stacks") != "off")
+        flags = self._prepare_walker(target, context.options.python_stacks != "off")
         # Decided before compiling, since the tracepoints are part of the one program: the
         # context-switch rate is counted over the walker's preparation.
         self.sched_decision = decide_sched(context, switches)
@@ -340,7 +340,7 @@ class EbpfCollector:
         rate = sum(rates.values())
         share = sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
         per_region_s = share / rate if rate else max(self._hit_s.values(), default=0.0) + walk_s
-        budget = REGION_PROBE_SHARE * float(context.options.get("overhead_budget", "0.02"))
+        budget = REGION_PROBE_SHARE * context.options.budget.overhead_share
         self.region_decision = {
             "traced": share <= budget,
             "regions_per_s": round(rate),
