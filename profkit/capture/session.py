@@ -33,8 +33,6 @@ from ..host.target import Target, ensure_same, pool_threads
 from .budget import HANG_S, STOP_LIMIT, BudgetMonitor, times
 from .clock import NS_PER_S, Clock, monotonic_ns
 from .collectors.base import CaptureContext, CaptureOptions, Collector
-from .ebpf.collector import EbpfCollector
-from .ebpf.pywalk import PythonWalker
 from .registry import ALL_COLLECTORS, REGISTRY
 from .runs import RunRecord, target_lock
 from .startup import (
@@ -45,10 +43,6 @@ from .startup import (
     wait_until_attached,
 )
 
-# perf stat repeats what /proc and eBPF already count, at a cost (docs/collectors.md): opt-in.
-# py-spy stops the target per sample: it joins the default set only where the eBPF walker
-# cannot read the target's Python stacks (plan_collectors).
-DEFAULT_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_record")
 # Teardown: the samplers first, so that their last samples close the window (the /proc
 # sampler's last full one is each thread's CPU at the end); then the tools all at once, since
 # one after the other they took 5.3 s on 2 cores (py-spy 1.5, perf record 2.8, eBPF 0.8), most
@@ -64,7 +58,7 @@ class CaptureRequest:
     directory: Path
     duration_s: float
     rate_hz: int
-    collectors: tuple[str, ...] = DEFAULT_COLLECTORS
+    collectors: tuple[str, ...]
     max_size_mb: float = 256.0
     options: CaptureOptions = field(default_factory=CaptureOptions)
     clock: Clock = monotonic_ns
@@ -76,50 +70,6 @@ class CaptureRequest:
 
 # A write that failed for one of these ends the capture: the disk, not a collector, is at fault.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
-
-
-def plan_collectors(
-    text: str | None,
-    target: Target,
-    python_stacks: str = "auto",
-    ebpf_denied: str | None = None,
-) -> tuple[tuple[str, ...], str]:
-    """The collectors to run, and why py-spy was added to the default set ("" if it was not).
-    Asked-for collectors are run as asked; ebpf_denied is why this user may not load BPF."""
-    if text is not None:
-        return parse_collectors(text), ""
-    availability = EbpfCollector().available(target)
-    if ebpf_denied:
-        why = f"eBPF is not allowed ({ebpf_denied})"
-    elif not availability.ok:
-        why = f"eBPF is unavailable ({availability.reason})"
-    elif python_stacks == "off":
-        why = "the eBPF stack walker is off (--python-stacks off)"
-    else:
-        walker = PythonWalker(target.pid)
-        if walker.prepare():
-            return DEFAULT_COLLECTORS, ""
-        why = walker.reason.replace(
-            "Python stack walker off: ", "the eBPF stack walker cannot run: "
-        )
-    return (*DEFAULT_COLLECTORS, "pyspy"), f"py-spy samples the Python stacks: {why}"
-
-
-def parse_collectors(text: str | None) -> tuple[str, ...]:
-    """None: the defaults; an empty or blank list is an error, not a silent default."""
-    if text is None:
-        return DEFAULT_COLLECTORS
-    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    if names == ("all",):
-        return ALL_COLLECTORS
-    if not names:
-        raise UsageError(f"no collector named; known: {', '.join(ALL_COLLECTORS)} (or all)")
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
-        raise UsageError(
-            f"unknown collector {', '.join(unknown)}; known: {', '.join(ALL_COLLECTORS)} (or all)"
-        )
-    return tuple(n for n in ALL_COLLECTORS if n in names)
 
 
 @contextlib.contextmanager

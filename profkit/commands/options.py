@@ -19,7 +19,8 @@ from ..capture.budget import (
     pyspy_stop_share,
     times,
 )
-from ..capture.session import parse_collectors
+from ..capture.plan import DEFAULT_COLLECTORS, parse_collectors
+from ..capture.registry import ALL_COLLECTORS
 from ..errors import UsageError
 
 
@@ -188,9 +189,9 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "--collectors",
             "-c",
             callback=collectors_callback,
-            help="Comma-separated subset of ebpf, proc, cgroup, perf_stat, perf_record, pyspy, "
-            "or all (default: ebpf, proc, cgroup, perf_record, and pyspy where the eBPF walker "
-            "cannot read the target's Python stacks).",
+            help=f"Comma-separated subset of {', '.join(ALL_COLLECTORS)}, or all (default: "
+            f"{', '.join(DEFAULT_COLLECTORS)}, and pyspy where the eBPF walker cannot read the "
+            "target's Python stacks).",
         ),
         click.option(
             "--max-size",
