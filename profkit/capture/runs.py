@@ -34,6 +34,12 @@ RUN_DIR = Path(os.environ.get("PROFKIT_RUN_DIR", "/run/profkit"))
 
 
 @dataclass(frozen=True)
+class Child:
+    pid: int
+    start: int | None  # its start time: a later run touches the pid only if it still matches
+
+
+@dataclass(frozen=True)
 class Cleanup:
     owner: int
     actions: tuple[str, ...]
@@ -62,21 +68,20 @@ class RunRecord:
             "bundle": str(bundle),
             # A later run marks the bundle aborted only if the name still leads to this one.
             "bundle_inode": [identity.st_dev, identity.st_ino] if identity else None,
-            "children": [],
         }
+        self.children: list[Child] = []
         # Set when the bundle could not be marked aborted: the record stays for the next run.
         self.keep = False
 
     def add_child(self, pid: int) -> None:
-        children = self.data["children"]
-        assert isinstance(children, list)
-        children.append({"pid": pid, "start": _start_ticks(pid)})
+        self.children.append(Child(pid, _start_ticks(pid)))
         self._write()
 
     def _write(self) -> None:
+        children = [{"pid": c.pid, "start": c.start} for c in self.children]
         with contextlib.suppress(OSError):
             if run_dir_usable():
-                replace_file(self.path, json.dumps(self.data))
+                replace_file(self.path, json.dumps({**self.data, "children": children}))
 
     def overlaps(self) -> list[dict[str, object]]:
         """Captures of the same target that a --force run started while this one ran."""

@@ -12,11 +12,11 @@ from ..capture.budget import Budget
 from ..capture.collectors.base import CaptureOptions
 from ..capture.plan import plan_capture
 from ..capture.runs import clean_stale
-from ..capture.session import CaptureRequest, capture, progress_printer
+from ..capture.session import CaptureRequest, capture
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ..host.target import Target, inspect
 from .options import capture_options, pid_option
-from .output import print_outcome
+from .output import print_outcome, progress_printer
 
 
 def run_capture(

@@ -1,14 +1,17 @@
-"""What the commands share to hand their results over: the files they write and the lines
-`attach` and `run` print when the capture ends."""
+"""What the commands share to hand their results over: the files they write, and what
+`attach` and `run` show while the capture runs and print when it ends."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 import click
 
 from ..bundle.safefile import replace_file
+from ..capture.session import Progress
 from ..errors import OutputError
 from ..render.table import table
 
@@ -48,3 +51,25 @@ def print_outcome(directory: Path, manifest: dict, report: bool) -> None:
 
         click.echo("")
         click.echo(render_text(analyse_bundle(directory)))
+
+
+def progress_printer(stream: TextIO = sys.stderr) -> Callable[[Progress], None] | None:
+    """A one-line live display on a terminal; nothing when output is not a TTY."""
+    if not stream.isatty():
+        return None
+    last = [0.0]
+
+    def tick(progress: Progress) -> None:
+        if progress.elapsed_s - last[0] < 0.4:
+            return
+        last[0] = progress.elapsed_s
+        parts = [f"{progress.elapsed_s:5.1f}s"]
+        if progress.cores is not None:
+            parts.append(f"{progress.cores:.2f} cores")
+        if progress.throttled_pct is not None:
+            parts.append(f"throttled {progress.throttled_pct:.0f}%")
+        parts += [f"{name} {count}" for name, count in progress.samples.items()]
+        stream.write("\r" + "  ".join(parts)[:100].ljust(100))
+        stream.flush()
+
+    return tick
