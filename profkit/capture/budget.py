@@ -179,10 +179,15 @@ def _stop_episodes(instants: list[tuple[int, int, int]]) -> tuple[float, float]:
     return hits, longest_ns / 1e9
 
 
+# What the budget can do while capturing: restart py-spy --nonblocking, or stop a collector.
+NONBLOCKING = "nonblocking"
+DROP = "drop"
+
+
 @dataclass
 class Decision:
     t_ns: int
-    action: str  # "reduce-rate", "drop"
+    action: str  # NONBLOCKING or DROP
     collector: str
     reason: str
 

@@ -36,7 +36,7 @@ from ..host import procfs
 from ..host.cgroup import cpu_cgroup
 from ..host.quota import diagnose
 from ..host.target import Target, ensure_same, pool_threads
-from .budget import HANG_S, STOP_LIMIT, BudgetMonitor, Decision, times
+from .budget import DROP, HANG_S, NONBLOCKING, STOP_LIMIT, BudgetMonitor, Decision, times
 from .clock import NS_PER_S, Clock, monotonic_ns
 from .collectors.base import CaptureContext, CaptureOptions, Collector
 from .collectors.cgroupstat import CgroupCollector
@@ -334,7 +334,7 @@ class Session:
                 else f"py-spy held the target stopped for {stops.longest_s:.1f} s at once"
             )
             still = pyspy.back_off(why, now)
-            monitor.record(clock(), "nonblocking" if still else "drop", "pyspy", why)
+            monitor.record(clock(), NONBLOCKING if still else DROP, "pyspy", why)
             if not still:
                 self.dropped["pyspy"] = why
             return
@@ -348,7 +348,7 @@ class Session:
                     result = self.running.pop(name).stop()
                     self.results[name] = replace(result, status="partial", reason=why)
                     self.dropped[name] = why
-                    monitor.record(now, "drop", name, why)
+                    monitor.record(now, DROP, name, why)
                     return
 
     def close(self, window: Window) -> dict:
