@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -335,12 +336,24 @@ def _sched(directory: Path) -> SchedData | None:
         raise BadBundle(f"{EBPF} lacks {exc}") from exc
 
 
-def _region_pools(data: dict, count: int) -> dict[str, object]:
+class _PoolFields(TypedDict):
+    runtimes: tuple[dict, ...]
+    region_pool: np.ndarray | None
+
+
+class _PythonFields(TypedDict):
+    python_stacks: tuple[PyStack, ...]
+    python_offcpu: tuple[tuple[int, int, float], ...]
+    walker: str
+    walker_reason: str
+
+
+def _region_pools(data: dict, count: int) -> _PoolFields:
     """Bundles from before several runtime copies were probed have one OpenMP runtime."""
     runtimes = tuple(data.get("runtimes") or ())
     column = data["regions"].get("runtime")
     if column is None or len(column) != count:
-        return {"runtimes": runtimes}
+        return {"runtimes": runtimes, "region_pool": None}
     pools = [str(r.get("pool", "openmp")) for r in runtimes]
     return {
         "runtimes": runtimes,
@@ -350,7 +363,7 @@ def _region_pools(data: dict, count: int) -> dict[str, object]:
     }
 
 
-def _python_stacks(python: dict) -> dict[str, object]:
+def _python_stacks(python: dict) -> _PythonFields:
     stacks = tuple(
         PyStack(
             frames=tuple(

@@ -205,7 +205,7 @@ def target_lock(
 
 def clean_stale() -> list[Cleanup]:
     """Undo what captures whose profkit died left behind; say what was done."""
-    done = []
+    done: list[Cleanup] = []
     if not RUN_DIR.is_dir():
         return done
     if not run_dir_usable():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -29,12 +31,20 @@ class Number(click.ParamType):
     refused here, before any target is inspected or tool started."""
 
     def __init__(
-        self, kind: type, low: float, high: float, low_open: bool = False, unit: str = ""
+        self,
+        kind: type[int] | type[float],
+        low: float,
+        high: float,
+        low_open: bool = False,
+        unit: str = "",
     ) -> None:
         self.kind, self.low, self.high, self.low_open, self.unit = kind, low, high, low_open, unit
         self.name = kind.__name__
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # type: ignore[no-untyped-def]
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        number: float
         if isinstance(value, self.kind) and not isinstance(value, bool):
             number = value
         else:
@@ -59,7 +69,9 @@ class FileMode(click.ParamType):
 
     name = "mode"
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # type: ignore[no-untyped-def]
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
         if isinstance(value, int):
             return value
         try:
@@ -82,7 +94,9 @@ mode_option = click.option(
 )
 
 
-def collectors_callback(ctx: click.Context, param: click.Parameter, value: str | None):  # type: ignore[no-untyped-def]
+def collectors_callback(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
     """Checked at parse time, so that `run` never starts its command for a bad list."""
     if value is None:
         return None
@@ -93,11 +107,14 @@ def collectors_callback(ctx: click.Context, param: click.Parameter, value: str |
     return value
 
 
-def out_callback(ctx: click.Context, param: click.Parameter, value: str | None):  # type: ignore[no-untyped-def]
+def out_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A link or another user's directory is refused before the target is touched."""
     if value is not None:
         check_output(Path(value))
     return value
+
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def pct(share: float) -> str:
@@ -108,7 +125,7 @@ pid_option = click.option("--pid", "-p", type=int, required=True, help="Target p
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 
 
-def capture_options(function):  # type: ignore[no-untyped-def]
+def capture_options(function: F) -> F:
     """Options shared by `attach` and `run`."""
     decorators = [
         click.option(

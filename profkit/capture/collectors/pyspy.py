@@ -98,11 +98,11 @@ class PySpyCollector:
         rate is not an option: a --native attach holds the main thread stopped ~0.3 s while
         py-spy reads libtorch's symbols (measured on 2 cores), more than the rate would save.
         False once nothing is left."""
-        if self.dropped or not self._segments:
+        if self.dropped or not self._segments or self._context is None:
             return False
         child, rate, _, native = self._segments[-1]
         child.stop(grace_s=exit_grace_s(rate))
-        resume_if_stopped(self._context.target.pid)  # type: ignore[union-attr]
+        resume_if_stopped(self._context.target.pid)
         if not native:
             self.dropped = reason
             self.rate_changes.append({"t_ns": now_ns, "from": rate, "to": 0, "reason": reason})
