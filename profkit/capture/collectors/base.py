@@ -32,7 +32,7 @@ class CaptureOptions:
     perf_callgraph: str = "fp"  # "dwarf"
     perf_rate_hz: int = 49
     perf_scope: str = "cpu"  # "thread"
-    perf_max_mb: int = 64
+    perf_max_mb: int = 64  # perf record's own bound on perf.data
 
 
 @dataclass(frozen=True)
