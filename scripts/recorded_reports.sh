@@ -8,7 +8,11 @@ out=${1:?usage: recorded_reports.sh DIR}
 here=$(cd "$(dirname "$0")/.." && pwd)
 profkit=${PROFKIT:-$here/.venv/bin/profkit}
 mkdir -p "$out"
-for bundle in "$here"/tests/data/*/; do
+# Reports name their bundle's path: render copies at one fixed place, whichever tree runs this.
+copies=/tmp/profkit-recorded-bundles
+rm -rf "$copies" && mkdir -p "$copies"
+cp -r "$here"/tests/data/*/ "$copies"/
+for bundle in "$copies"/*/; do
   name=$(basename "$bundle")
   for fmt in text json html; do
     "$profkit" report "$bundle" --format "$fmt" -o "$out/$name.report.$fmt" >/dev/null
