@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
 from ..errors import BadBundle
+from .parts import CGROUP, EBPF, OWNER, PERF, PROC, PYSPY
 from .write import load_manifest, load_part
 
 I64 = np.int64
@@ -169,7 +171,7 @@ class Bundle:
             if result.get("status") not in ("ok", "partial"):
                 out[name] = f"{result.get('status')}: {result.get('reason', '')}".strip(": ")
         if self.sched is not None and not self.sched.scheduler_traced:
-            reason = self.manifest.get("collectors", {}).get("ebpf", {}).get("reason", "")
+            reason = self.manifest.get("collectors", {}).get(OWNER[EBPF], {}).get("reason", "")
             out["ebpf scheduler tracepoints"] = reason or "not traced"
         if self.sched is not None and self.sched.regions_skipped:
             out["ebpf OpenMP region probes"] = self.sched.regions_skipped
@@ -184,65 +186,63 @@ def _array(values: list, name: str, path: str) -> np.ndarray:
 
 
 def _proc(directory: Path) -> ProcSeries | None:
-    data = load_part(directory, "proc.json")
+    data = load_part(directory, PROC)
     if data is None:
         return None
     try:
         samples, process = data["samples"], data["process"]
-        t_ns = _array(samples["t_ns"], "t_ns", "proc.json")
+        t_ns = _array(samples["t_ns"], "t_ns", PROC)
         return ProcSeries(
             clock_ticks=int(data["clock_ticks"]),
             names={int(k): v for k, v in data["threads"].items()},
             t_ns=t_ns,
-            tid=_array(samples["tid"], "tid", "proc.json"),
-            cpu_ticks=_array(samples["utime"], "utime", "proc.json")
-            + _array(samples["stime"], "stime", "proc.json"),
-            process_t_ns=_array(process["t_ns"], "t_ns", "proc.json"),
-            process_ticks=_array(process["utime"], "utime", "proc.json")
-            + _array(process["stime"], "stime", "proc.json"),
+            tid=_array(samples["tid"], "tid", PROC),
+            cpu_ticks=_array(samples["utime"], "utime", PROC)
+            + _array(samples["stime"], "stime", PROC),
+            process_t_ns=_array(process["t_ns"], "t_ns", PROC),
+            process_ticks=_array(process["utime"], "utime", PROC)
+            + _array(process["stime"], "stime", PROC),
             # Bundles from before the split sampler read every thread at every sample.
             full_t_ns=np.unique(
-                _array(data["full_t_ns"], "full_t_ns", "proc.json") if "full_t_ns" in data else t_ns
+                _array(data["full_t_ns"], "full_t_ns", PROC) if "full_t_ns" in data else t_ns
             ),
         )
     except (KeyError, TypeError) as exc:
-        raise BadBundle(f"proc.json lacks {exc}") from exc
+        raise BadBundle(f"{PROC} lacks {exc}") from exc
 
 
 def _pyspy(directory: Path, manifest: dict) -> PySpySpans | None:
-    data = load_part(directory, "pyspy.json")
+    data = load_part(directory, PYSPY)
     if data is None:
         return None
     try:
         spans = data["spans"]
-        rate = manifest["collectors"].get("pyspy", {}).get("notes", {}).get(
+        rate = manifest["collectors"].get(OWNER[PYSPY], {}).get("notes", {}).get(
             "rate_hz"
         ) or manifest.get("options", {}).get("rate_hz", 20)
         return PySpySpans(
             frames=tuple(Frame(str(f[0]), str(f[1]), int(f[2])) for f in data["frames"]),
             stacks=tuple(tuple(s) for s in data["stacks"]),
             names={int(k): v for k, v in data.get("threads", {}).items()},
-            tid=_array(spans["tid"], "tid", "pyspy.json"),
-            start_ns=_array(spans["start_ns"], "start_ns", "pyspy.json"),
-            end_ns=_array(spans["end_ns"], "end_ns", "pyspy.json"),
-            stack=_array(spans["stack"], "stack", "pyspy.json"),
+            tid=_array(spans["tid"], "tid", PYSPY),
+            start_ns=_array(spans["start_ns"], "start_ns", PYSPY),
+            end_ns=_array(spans["end_ns"], "end_ns", PYSPY),
+            stack=_array(spans["stack"], "stack", PYSPY),
             rate_hz=int(rate),
             sources=dict(data.get("sources", {})),
             span_rate_hz=_array(
-                spans.get("rate_hz") or [int(rate)] * len(spans["tid"]), "rate_hz", "pyspy.json"
+                spans.get("rate_hz") or [int(rate)] * len(spans["tid"]), "rate_hz", PYSPY
             ),
-            span_native=_array(
-                spans.get("native") or [1] * len(spans["tid"]), "native", "pyspy.json"
-            ),
+            span_native=_array(spans.get("native") or [1] * len(spans["tid"]), "native", PYSPY),
         )
     except (KeyError, TypeError, IndexError) as exc:
-        raise BadBundle(f"pyspy.json lacks {exc}") from exc
+        raise BadBundle(f"{PYSPY} lacks {exc}") from exc
 
 
 def python_samples_from_ebpf(directory: Path, manifest: dict) -> PySpySpans | None:
     """The eBPF walker's on-CPU samples of the Python threads, in py-spy's shape: one span per
     sample, Python frames only (no native frames, as py-spy --nonblocking)."""
-    data = load_part(directory, "ebpf.json")
+    data = load_part(directory, EBPF)
     python = (data or {}).get("python") or {}
     samples = python.get("samples")
     if not samples or not samples.get("t_ns"):
@@ -267,13 +267,13 @@ def python_samples_from_ebpf(directory: Path, manifest: dict) -> PySpySpans | No
         stacks.append(())
         stack = np.asarray(samples["stack"], dtype=I64)
         stack = np.where(stack >= 0, stack, empty)
-        t_ns = _array(samples["t_ns"], "t_ns", "ebpf.json")
+        t_ns = _array(samples["t_ns"], "t_ns", EBPF)
         rate = int(samples.get("rate_hz", 49))
         return PySpySpans(
             frames=tuple(Frame(*key) for key in frames),
             stacks=tuple(stacks),
             names={int(t): thread_names.get(int(t), "python") for t in python.get("threads", [])},
-            tid=_array(samples["tid"], "tid", "ebpf.json"),
+            tid=_array(samples["tid"], "tid", EBPF),
             start_ns=t_ns,
             end_ns=t_ns,
             stack=stack,
@@ -284,31 +284,31 @@ def python_samples_from_ebpf(directory: Path, manifest: dict) -> PySpySpans | No
             source="ebpf",
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise BadBundle(f"ebpf.json's Python samples lack {exc}") from exc
+        raise BadBundle(f"{EBPF}'s Python samples lack {exc}") from exc
 
 
 def _perf(directory: Path, manifest: dict) -> PerfSamples | None:
-    data = load_part(directory, "perf.json")
+    data = load_part(directory, PERF)
     if data is None:
         return None
     try:
         samples = data["samples"]
-        notes = manifest["collectors"].get("perf_record", {}).get("notes", {})
+        notes = manifest["collectors"].get(OWNER[PERF], {}).get("notes", {})
         return PerfSamples(
             frames=tuple((str(f[0]), str(f[1])) for f in data["frames"]),
             stacks=tuple(tuple(s) for s in data["stacks"]),
-            t_ns=_array(samples["t_ns"], "t_ns", "perf.json"),
-            tid=_array(samples["tid"], "tid", "perf.json"),
-            period_ns=_array(samples["period_ns"], "period_ns", "perf.json"),
-            stack=_array(samples["stack"], "stack", "perf.json"),
+            t_ns=_array(samples["t_ns"], "t_ns", PERF),
+            tid=_array(samples["tid"], "tid", PERF),
+            period_ns=_array(samples["period_ns"], "period_ns", PERF),
+            stack=_array(samples["stack"], "stack", PERF),
             callgraph=str(notes.get("callgraph", "fp")),
         )
     except (KeyError, TypeError, IndexError) as exc:
-        raise BadBundle(f"perf.json lacks {exc}") from exc
+        raise BadBundle(f"{PERF} lacks {exc}") from exc
 
 
 def _sched(directory: Path, manifest: dict) -> SchedData | None:
-    data = load_part(directory, "ebpf.json")
+    data = load_part(directory, EBPF)
     if data is None:
         return None
     try:
@@ -317,28 +317,26 @@ def _sched(directory: Path, manifest: dict) -> SchedData | None:
         return SchedData(
             threads={int(k): v for k, v in data["threads"].items()},
             wakeups=tuple((int(a), int(b), int(c)) for a, b, c in data["wakeups"]),
-            slice_tid=_array(slices["tid"], "tid", "ebpf.json"),
-            slice_start=_array(slices["start_ns"], "start_ns", "ebpf.json"),
-            slice_end=_array(slices["end_ns"], "end_ns", "ebpf.json"),
-            slice_voluntary=_array(slices["voluntary"], "voluntary", "ebpf.json"),
-            region_tid=_array(regions["tid"], "tid", "ebpf.json"),
-            region_start=_array(regions["start_ns"], "start_ns", "ebpf.json"),
-            region_end=_array(regions["end_ns"], "end_ns", "ebpf.json"),
-            region_requested=_array(regions["requested"], "requested", "ebpf.json"),
+            slice_tid=_array(slices["tid"], "tid", EBPF),
+            slice_start=_array(slices["start_ns"], "start_ns", EBPF),
+            slice_end=_array(slices["end_ns"], "end_ns", EBPF),
+            slice_voluntary=_array(slices["voluntary"], "voluntary", EBPF),
+            region_tid=_array(regions["tid"], "tid", EBPF),
+            region_start=_array(regions["start_ns"], "start_ns", EBPF),
+            region_end=_array(regions["end_ns"], "end_ns", EBPF),
+            region_requested=_array(regions["requested"], "requested", EBPF),
             lost=int(sum(data.get("lost", {}).values())),
             uprobes_attached=any(a.startswith("uprobe:") for a in attached),
             scheduler_traced=any(a.startswith("tracepoint:sched") for a in attached),
             regions_skipped=str((data.get("regions_decision") or {}).get("reason", "")),
-            region_stack=(
-                _array(regions["stack"], "stack", "ebpf.json") if "stack" in regions else None
-            ),
+            region_stack=(_array(regions["stack"], "stack", EBPF) if "stack" in regions else None),
             **_python_stacks(data.get("python") or {}),
             **_region_pools(
                 data, len(regions["tid"]), manifest.get("target", {}).get("openmp_runtime")
             ),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise BadBundle(f"ebpf.json lacks {exc}") from exc
+        raise BadBundle(f"{EBPF} lacks {exc}") from exc
 
 
 def pool_names(runtimes: tuple[dict, ...], primary: str | None) -> list[str]:
@@ -348,7 +346,7 @@ def pool_names(runtimes: tuple[dict, ...], primary: str | None) -> list[str]:
     ("openmp"), every other copy by its kind and file name ("openmp@libgomp-a1b2.so.1")."""
     names: list[str] = []
     kinds = [str(r.get("pool", "openmp")) for r in runtimes]
-    first = {}
+    first: dict[str, int] = {}
     for index, (kind, runtime) in enumerate(zip(kinds, runtimes, strict=True)):
         if runtime.get("path") == primary:
             first.setdefault(kind, index)
@@ -363,12 +361,25 @@ def pool_names(runtimes: tuple[dict, ...], primary: str | None) -> list[str]:
     return names
 
 
-def _region_pools(data: dict, count: int, primary: str | None) -> dict[str, object]:
+class _PoolFields(TypedDict):
+    runtimes: tuple[dict, ...]
+    pool_names: tuple[str, ...]
+    region_pool: np.ndarray | None
+
+
+class _PythonFields(TypedDict):
+    python_stacks: tuple[PyStack, ...]
+    python_offcpu: tuple[tuple[int, int, float], ...]
+    walker: str
+    walker_reason: str
+
+
+def _region_pools(data: dict, count: int, primary: str | None) -> _PoolFields:
     """Bundles from before several runtime copies were probed have one OpenMP runtime."""
     runtimes = tuple(data.get("runtimes") or ())
     column = data["regions"].get("runtime")
     if column is None or len(column) != count:
-        return {"runtimes": runtimes}
+        return {"runtimes": runtimes, "pool_names": (), "region_pool": None}
     pools = pool_names(runtimes, primary)
     return {
         "runtimes": runtimes,
@@ -379,7 +390,7 @@ def _region_pools(data: dict, count: int, primary: str | None) -> dict[str, obje
     }
 
 
-def _python_stacks(python: dict) -> dict[str, object]:
+def _python_stacks(python: dict) -> _PythonFields:
     stacks = tuple(
         PyStack(
             frames=tuple(
@@ -408,7 +419,7 @@ def _python_stacks(python: dict) -> dict[str, object]:
 
 
 def _cgroup(directory: Path) -> CgroupSeries | None:
-    data = load_part(directory, "cgroup.json")
+    data = load_part(directory, CGROUP)
     if data is None:
         return None
     try:
@@ -418,15 +429,15 @@ def _cgroup(directory: Path) -> CgroupSeries | None:
             source=data.get("source"),
             period_us=data.get("period_us"),
             version=str(data.get("version", "")),
-            t_ns=_array(s["t_ns"], "t_ns", "cgroup.json"),
-            nr_periods=_array(s["nr_periods"], "nr_periods", "cgroup.json"),
-            nr_throttled=_array(s["nr_throttled"], "nr_throttled", "cgroup.json"),
-            throttled_ns=_array(s["throttled_ns"], "throttled_ns", "cgroup.json"),
-            usage_ns=_array(s["usage_ns"], "usage_ns", "cgroup.json"),
-            pressure_some_us=_array(s["pressure_some_us"], "pressure_some_us", "cgroup.json"),
+            t_ns=_array(s["t_ns"], "t_ns", CGROUP),
+            nr_periods=_array(s["nr_periods"], "nr_periods", CGROUP),
+            nr_throttled=_array(s["nr_throttled"], "nr_throttled", CGROUP),
+            throttled_ns=_array(s["throttled_ns"], "throttled_ns", CGROUP),
+            usage_ns=_array(s["usage_ns"], "usage_ns", CGROUP),
+            pressure_some_us=_array(s["pressure_some_us"], "pressure_some_us", CGROUP),
         )
     except (KeyError, TypeError) as exc:
-        raise BadBundle(f"cgroup.json lacks {exc}") from exc
+        raise BadBundle(f"{CGROUP} lacks {exc}") from exc
 
 
 def load_bundle(directory: Path | str) -> Bundle:

@@ -16,13 +16,23 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import __version__
-from ..capture.collectors.base import CollectorResult
 from ..errors import BadBundle, OutputError
 from ..host.target import Target, pool_threads
+from .parts import (
+    EBPF,
+    MANIFEST,
+    PERF,
+    PERF_DATA,
+    PERF_STAT,
+    PERF_STAT_CSV,
+    PYSPY,
+    PYSPY_TRACES,
+    TOOL_STDOUT,
+    CollectorResult,
+)
 from .safefile import replace_file
 
 SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
 
 
 def create_directory(path: Path) -> int:
@@ -227,12 +237,12 @@ def directory_size(directory: Path) -> int:
 
 # What goes first when a bundle is over --max-size: raw artifacts analysis does not need, then
 # the eBPF scheduler slices (timeline detail), then whole normalised files, least needed first.
-RAW_ARTIFACTS = ("perf.data", "pyspy.chrometrace*.json", "perf_stat.csv", "*.stdout")
-NORMALISED_ORDER = ("perf_stat.json", "perf.json", "pyspy.json", "ebpf.json")
+RAW_ARTIFACTS = (PERF_DATA, PYSPY_TRACES, PERF_STAT_CSV, TOOL_STDOUT)
+NORMALISED_ORDER = (PERF_STAT, PERF, PYSPY, EBPF)
 
 
 def _shrink_ebpf(directory: Path) -> bool:
-    path = directory / "ebpf.json"
+    path = directory / EBPF
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -255,7 +265,7 @@ def enforce_max_size(directory: Path, max_bytes: int) -> list[str]:
             path.unlink()
             dropped.append(path.name)
     if directory_size(directory) > max_bytes and _shrink_ebpf(directory):
-        dropped.append("ebpf.json:slices")
+        dropped.append(f"{EBPF}:slices")
     for name in NORMALISED_ORDER:
         if directory_size(directory) <= max_bytes:
             break

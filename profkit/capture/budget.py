@@ -64,7 +64,7 @@ def pyspy_stop_share(probes: bool) -> float:
 
 def default_rate(
     threads: int,
-    budget_share: float,
+    overhead_share: float,
     mode: str = "native",
     cpus: float = 1.0,
     stop_share: float = PYSPY_STOP_SHARE,
@@ -73,28 +73,28 @@ def default_rate(
     threads = max(1, threads)
     by_cpu = (
         PYSPY_CPU_SHARE
-        * budget_share
+        * overhead_share
         * max(1.0, cpus)
         / (threads * PYSPY_CPU_S_PER_THREAD.get(mode, PYSPY_CPU_S_PER_THREAD["native"]))
     )
     fits = by_cpu
     if mode == "native":
-        fits = min(fits, stop_share * budget_share / native_sample_cost_s(threads, cpus))
+        fits = min(fits, stop_share * overhead_share / native_sample_cost_s(threads, cpus))
     return max(1, min(MAX_DEFAULT_RATE_HZ, int(fits)))
 
 
 def auto_mode(
-    threads: int, budget_share: float, cpus: float, stop_share: float = PYSPY_STOP_SHARE
+    threads: int, overhead_share: float, cpus: float, stop_share: float = PYSPY_STOP_SHARE
 ) -> tuple[str, str]:
     """--native where even its slowest rate (1 Hz) fits the stops' part of the budget, else
     --nonblocking; and why."""
     cost = native_sample_cost_s(threads, cpus)
-    if cost <= stop_share * budget_share:
+    if cost <= stop_share * overhead_share:
         return "native", ""
     return "nonblocking", (
         f"--native would hold {threads} threads on {cpus:g} CPUs stopped ~{1000 * cost:.0f} ms "
         f"per sample, {100 * cost:.1f}% of the time at 1 Hz, over the "
-        f"{100 * stop_share * budget_share:.2g}% part of the {100 * budget_share:g}% budget "
+        f"{100 * stop_share * overhead_share:.2g}% part of the {100 * overhead_share:g}% budget "
         f"that py-spy's stops may take"
     )
 
@@ -113,7 +113,9 @@ def sched_trace_share(switches_per_s: float, cpus: int) -> float:
 
 @dataclass(frozen=True)
 class Budget:
-    stopped_share: float = 0.02  # of the target's thread time spent ptrace-stopped
+    # The most of the target's throughput the capture may cost it, 0 to 1 (`--budget` is this
+    # in percent). The parts above share it out; py-spy's stops are also watched against it.
+    overhead_share: float = 0.02
     tool_cores: float = 0.5  # CPU of profkit and its tools together
     window_s: float = 3.0  # the tools' CPU is judged over this much of the recent past
     stop_window_s: float = 10.0  # the stops over this much: they are rare events, see below
@@ -134,6 +136,15 @@ MIN_STOP_INSTANTS = 5
 # inside that one pause read as 29% stopped. A single pause this long is a cost paid once; one
 # of HANG_S or more is not py-spy sampling any more, and is acted on at once.
 HANG_S = 1.0
+# py-spy goes --nonblocking when the stops show (with that confidence) over this many times the
+# whole overhead share: the default rate is chosen to sit inside its part, and a restart costs
+# py-spy's start-up CPU, so only a clear excess is acted on.
+STOP_LIMIT = 2.0
+
+
+def times(factor: float) -> str:
+    """A factor in words, for the reasons and the help that quote one."""
+    return "twice" if factor == 2 else f"{factor:g} times"
 
 
 @dataclass(frozen=True)
@@ -168,10 +179,15 @@ def _stop_episodes(instants: list[tuple[int, int, int]]) -> tuple[float, float]:
     return hits, longest_ns / 1e9
 
 
+# What the budget can do while capturing: restart py-spy --nonblocking, or stop a collector.
+NONBLOCKING = "nonblocking"
+DROP = "drop"
+
+
 @dataclass
 class Decision:
     t_ns: int
-    action: str  # "reduce-rate", "drop"
+    action: str  # NONBLOCKING or DROP
     collector: str
     reason: str
 

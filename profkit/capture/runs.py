@@ -25,11 +25,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bundle.parts import MANIFEST, PERF_DATA
 from ..bundle.safefile import held_directory, replace_file, write_new
 from ..errors import OutputError, TargetBusy
 from ..host import procfs
 
 RUN_DIR = Path(os.environ.get("PROFKIT_RUN_DIR", "/run/profkit"))
+
+
+@dataclass(frozen=True)
+class Child:
+    pid: int
+    start: int | None  # its start time: a later run touches the pid only if it still matches
 
 
 @dataclass(frozen=True)
@@ -61,21 +68,20 @@ class RunRecord:
             "bundle": str(bundle),
             # A later run marks the bundle aborted only if the name still leads to this one.
             "bundle_inode": [identity.st_dev, identity.st_ino] if identity else None,
-            "children": [],
         }
+        self.children: list[Child] = []
         # Set when the bundle could not be marked aborted: the record stays for the next run.
         self.keep = False
 
     def add_child(self, pid: int) -> None:
-        children = self.data["children"]
-        assert isinstance(children, list)
-        children.append({"pid": pid, "start": _start_ticks(pid)})
+        self.children.append(Child(pid, _start_ticks(pid)))
         self._write()
 
     def _write(self) -> None:
+        children = [{"pid": c.pid, "start": c.start} for c in self.children]
         with contextlib.suppress(OSError):
             if run_dir_usable():
-                replace_file(self.path, json.dumps(self.data))
+                replace_file(self.path, json.dumps({**self.data, "children": children}))
 
     def overlaps(self) -> list[dict[str, object]]:
         """Captures of the same target that a --force run started while this one ran."""
@@ -199,7 +205,7 @@ def target_lock(
 
 def clean_stale() -> list[Cleanup]:
     """Undo what captures whose profkit died left behind; say what was done."""
-    done = []
+    done: list[Cleanup] = []
     if not RUN_DIR.is_dir():
         return done
     if not run_dir_usable():
@@ -272,23 +278,23 @@ def mark_aborted(
             return []
         held = held_directory(fd)
         try:
-            content = json.loads((held / "manifest.json").read_text())
+            content = json.loads((held / MANIFEST).read_text())
         except (OSError, ValueError):
             return []
         # A bundle that was finished keeps what it kept (perf.data with --perf-scope thread).
         if not isinstance(content, dict) or content.get("status") not in ("capturing", "aborted"):
             return []
         try:
-            (held / "perf.data").unlink()
+            (held / PERF_DATA).unlink()
         except OSError:
             pass
         else:
-            actions.append(f"removed {bundle / 'perf.data'}")
+            actions.append(f"removed {bundle / PERF_DATA}")
         if content.get("status") == "capturing":
             content["status"] = "aborted"
             content["status_reason"] = reason
             with contextlib.suppress(OSError):
-                replace_file(held / "manifest.json", json.dumps(content, indent=2))
+                replace_file(held / MANIFEST, json.dumps(content, indent=2))
                 actions.append(f"marked {bundle} aborted")
     finally:
         os.close(fd)

@@ -83,11 +83,11 @@ def tools_cpu_by_process(record: RunRecord) -> dict[str, float]:
     by_process = {
         "profkit": times.user + times.system + times.children_user + times.children_system
     }
-    for child in record.data["children"]:  # type: ignore[union-attr]
+    for child in record.children:
         with contextlib.suppress(OSError, ValueError):
-            stat = procfs.read_stat(int(child["pid"]))
-            if stat.start_ticks == child["start"]:  # not a reaped child's reused pid
-                by_process[f"{stat.comm}:{child['pid']}"] = stat.cpu_seconds
+            stat = procfs.read_stat(child.pid)
+            if stat.start_ticks == child.start:  # not a reaped child's reused pid
+                by_process[f"{stat.comm}:{child.pid}"] = stat.cpu_seconds
     return by_process
 
 

@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ..bundle.write import default_directory
-from ..capture.budget import Budget, auto_mode, default_rate, pyspy_stop_share
-from ..capture.ebpf.collector import EbpfCollector
+from ..capture.budget import Budget
+from ..capture.collectors.base import CaptureOptions
+from ..capture.plan import plan_capture
 from ..capture.runs import clean_stale
-from ..capture.session import CaptureRequest, capture, plan_collectors, progress_printer
-from ..capture.unprivileged import cannot_run
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, PermissionDenied, UsageError
-from ..host.cgroup import CgroupError, cpu_cgroup
+from ..capture.session import CaptureRequest, capture
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ..host.target import Target, inspect
 from .options import capture_options, pid_option
-from .summary import print_outcome
+from .output import print_outcome, progress_printer
 
 
 def run_capture(
     target: Target,
+    *,
     duration: float,
     out: str | None,
     rate: int | None,
@@ -31,71 +31,48 @@ def run_capture(
     perf_rate: int,
     no_report: bool,
     perf_scope: str = "cpu",
-    stop_budget: float = 2.0,
-    cpu_budget: float = 0.5,
+    budget_pct: float = 100 * Budget().overhead_share,
+    tool_cores: float = Budget().tool_cores,
     pyspy_mode: str = "auto",
     ebpf_sched: str = "auto",
     python_stacks: str = "auto",
     force: bool = False,
 ) -> int:
+    """The capture options as capture_options names them; the exit code."""
     if duration <= 0:
         raise UsageError(f"--duration must be positive, got {duration:g}")
     if max_size_mb <= 0:
         raise UsageError(f"--max-size must be positive, got {max_size_mb:g}")
-    if stop_budget <= 0 or cpu_budget <= 0:
+    if budget_pct <= 0 or tool_cores <= 0:
         raise UsageError("--budget and --cpu-budget must be positive")
-    ebpf_denied = cannot_run(("ebpf",), perf_scope).get("ebpf") if os.geteuid() != 0 else None
-    parsed, pyspy_note = plan_collectors(collectors, target, python_stacks, ebpf_denied)
     for cleanup in clean_stale():
         click.echo(
             f"profkit: a capture by pid {cleanup.owner} was killed; cleaned up: "
             f"{'; '.join(cleanup.actions) or 'nothing was left'}",
             err=True,
         )
-    unavailable = cannot_run(parsed, perf_scope) if os.geteuid() != 0 else {}
-    if unavailable and not set(parsed) - set(unavailable):
-        raise PermissionDenied(
-            f"none of the collectors asked for can run as uid {os.geteuid()}: "
-            + "; ".join(f"{name}: {why}" for name, why in unavailable.items())
-        )
-    for name, why in unavailable.items():
-        click.echo(f"profkit: note: {name} not started: {why}", err=True)
-    if pyspy_note:
-        click.echo(f"profkit: note: {pyspy_note}", err=True)
-    parsed = tuple(n for n in parsed if n not in unavailable)
-    if not target.has_torch:
-        click.echo(
-            f"profkit: note: pid {target.pid} has no torch loaded; capturing anyway", err=True
-        )
-    cpus = usable_cpus(target.pid)
-    stop_share = pyspy_stop_share(probes="ebpf" in parsed and EbpfCollector().available(target).ok)
-    mode_reason = ""
-    if pyspy_mode == "auto":
-        pyspy_mode, mode_reason = auto_mode(target.threads, stop_budget / 100, cpus, stop_share)
-        if mode_reason:
-            click.echo(f"profkit: py-spy goes --nonblocking: {mode_reason}", err=True)
+    options = CaptureOptions(
+        budget=Budget(overhead_share=budget_pct / 100, tool_cores=tool_cores),
+        pyspy_mode=pyspy_mode,
+        python_stacks=python_stacks,
+        ebpf_sched=ebpf_sched,
+        perf_callgraph=perf_callgraph,
+        perf_rate_hz=perf_rate,
+        perf_scope=perf_scope,
+    )
+    plan = plan_capture(target, collectors, rate, options)
+    for note in plan.notes:
+        click.echo(f"profkit: {note}", err=True)
     request = CaptureRequest(
         target=target,
         directory=Path(out) if out else default_directory(target.pid),
         duration_s=duration,
-        rate_hz=rate
-        if rate is not None
-        else default_rate(target.threads, stop_budget / 100, pyspy_mode, cpus, stop_share),
-        collectors=(*parsed, *unavailable),
+        rate_hz=plan.rate_hz,
+        collectors=plan.collectors,
         max_size_mb=max_size_mb,
-        options={
-            "perf_callgraph": perf_callgraph,
-            "perf_rate": str(perf_rate),
-            "perf_scope": perf_scope,
-            "pyspy_mode": pyspy_mode,
-            "pyspy_mode_reason": mode_reason,
-            "ebpf_sched": ebpf_sched,
-            "python_stacks": python_stacks,
-            "overhead_budget": str(stop_budget / 100),
-        },
-        budget=Budget(stopped_share=stop_budget / 100, tool_cores=cpu_budget),
+        options=plan.options,
         force=force,
-        unavailable=unavailable,
+        unavailable=plan.unavailable,
     )
     manifest = capture(request, on_tick=progress_printer())
     for other in manifest.get("overlapped_with", []):
@@ -108,22 +85,9 @@ def run_capture(
     return EXIT_INTERRUPTED if manifest["status"] == "partial" else EXIT_OK
 
 
-def usable_cpus(pid: int) -> float:
-    """How many of the target's threads can run at once: its CPU affinity, capped by a quota."""
-    try:
-        cpus: float = len(os.sched_getaffinity(pid))
-    except OSError:
-        cpus = float(os.cpu_count() or 1)
-    try:
-        quota = cpu_cgroup(pid).effective_cores
-    except CgroupError:
-        quota = None
-    return cpus if quota is None else min(cpus, quota)
-
-
 @click.command()
 @pid_option
 @capture_options
-def attach(pid: int, **options: object) -> int:
+def attach(pid: int, **options: Any) -> int:
     """Attach to a live process, capture, save a bundle and print the verdict."""
-    return run_capture(inspect(pid), **options)  # type: ignore[arg-type]
+    return run_capture(inspect(pid), **options)

@@ -9,8 +9,8 @@ import click
 from ..analysis.pipeline import analyse_bundle
 from ..analysis.stacks import VIEWS, build
 from ..render.exports import folded, pprof, speedscope
-from .flame import write_output
 from .options import mode_option
+from .output import write_output
 
 EXTENSIONS = {"folded": ".folded", "speedscope": ".speedscope.json", "pprof": ".pb.gz"}
 

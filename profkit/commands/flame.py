@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from ..analysis.pipeline import analyse_bundle
 from ..analysis.stacks import VIEWS, build
-from ..bundle.safefile import replace_file
-from ..errors import OutputError
 from ..render.flame_svg import render_svg
 from .options import mode_option
-
-
-def write_output(path: str | Path, data: str | bytes, mode: int = 0o600) -> None:
-    """Written under a fresh name and renamed into place: a link at path is replaced, never
-    written through, and the file has exactly `mode`."""
-    try:
-        replace_file(path, data, mode)
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror}") from exc
+from .output import write_output
 
 
 @click.command()

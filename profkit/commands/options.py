@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
 from ..bundle.write import check_output
-from ..capture.session import parse_collectors
+from ..capture.budget import (
+    HANG_S,
+    MAX_DEFAULT_RATE_HZ,
+    PYSPY_CPU_SHARE,
+    PYSPY_STOP_SHARE,
+    SCHED_TRACE_SHARE,
+    STOP_LIMIT,
+    Budget,
+    pyspy_stop_share,
+    times,
+)
+from ..capture.plan import DEFAULT_COLLECTORS, parse_collectors
+from ..capture.registry import ALL_COLLECTORS
 from ..errors import UsageError
 
 
@@ -17,12 +31,20 @@ class Number(click.ParamType):
     refused here, before any target is inspected or tool started."""
 
     def __init__(
-        self, kind: type, low: float, high: float, low_open: bool = False, unit: str = ""
+        self,
+        kind: type[int] | type[float],
+        low: float,
+        high: float,
+        low_open: bool = False,
+        unit: str = "",
     ) -> None:
         self.kind, self.low, self.high, self.low_open, self.unit = kind, low, high, low_open, unit
         self.name = kind.__name__
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # type: ignore[no-untyped-def]
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        number: float
         if isinstance(value, self.kind) and not isinstance(value, bool):
             number = value
         else:
@@ -47,7 +69,9 @@ class FileMode(click.ParamType):
 
     name = "mode"
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # type: ignore[no-untyped-def]
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
         if isinstance(value, int):
             return value
         try:
@@ -70,7 +94,9 @@ mode_option = click.option(
 )
 
 
-def collectors_callback(ctx: click.Context, param: click.Parameter, value: str | None):  # type: ignore[no-untyped-def]
+def collectors_callback(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
     """Checked at parse time, so that `run` never starts its command for a bad list."""
     if value is None:
         return None
@@ -81,18 +107,25 @@ def collectors_callback(ctx: click.Context, param: click.Parameter, value: str |
     return value
 
 
-def out_callback(ctx: click.Context, param: click.Parameter, value: str | None):  # type: ignore[no-untyped-def]
+def out_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A link or another user's directory is refused before the target is touched."""
     if value is not None:
         check_output(Path(value))
     return value
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def pct(share: float) -> str:
+    return f"{100 * share:g}%"
+
+
 pid_option = click.option("--pid", "-p", type=int, required=True, help="Target process id.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 
 
-def capture_options(function):  # type: ignore[no-untyped-def]
+def capture_options(function: F) -> F:
     """Options shared by `attach` and `run`."""
     decorators = [
         click.option(
@@ -116,9 +149,10 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "-r",
             type=Number(int, 1, 1000, unit=" Hz"),
             default=None,
-            help="py-spy sampling rate in Hz (default: up to 10, chosen from the target's "
-            "thread and CPU counts so that py-spy's pauses and its own CPU fit their parts "
-            "of --budget: 35% and 15%, the pauses 70% where no eBPF probe runs).",
+            help=f"py-spy sampling rate in Hz (default: up to {MAX_DEFAULT_RATE_HZ}, chosen from "
+            "the target's thread and CPU counts so that py-spy's pauses and its own CPU fit "
+            f"their parts of --budget: {pct(PYSPY_STOP_SHARE)} and {pct(PYSPY_CPU_SHARE)}, the "
+            f"pauses {pct(pyspy_stop_share(probes=False))} where no eBPF probe runs).",
         ),
         click.option(
             "--pyspy-mode",
@@ -132,15 +166,15 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         click.option(
             "--budget",
             "--stop-budget",
-            "stop_budget",
+            "budget_pct",
             type=Number(float, 0, 100, low_open=True, unit="%"),
-            default=2.0,
+            default=100 * Budget().overhead_share,
             show_default=True,
             help="Most % of the target's throughput profkit may cost it: sets py-spy's rate "
             "and mode, whether the scheduler is traced and whether the OpenMP region probes "
-            "stay on, each held to its part; if the target is seen stopped more than twice "
-            "this share of its time (95% confidence) or for 1 s at once, py-spy goes "
-            "--nonblocking.",
+            "stay on, each held to its part; if the target is seen stopped more than "
+            f"{times(STOP_LIMIT)} this share of its time (95% confidence) or for {HANG_S:g} s "
+            "at once, py-spy goes --nonblocking.",
         ),
         click.option(
             "--ebpf-sched",
@@ -148,7 +182,8 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             default="auto",
             show_default=True,
             help="Scheduler tracepoints (slices, wakeups): auto traces them unless the machine's "
-            "context-switch rate says they would cost more than their part (20%) of --budget.",
+            "context-switch rate says they would cost more than their part "
+            f"({pct(SCHED_TRACE_SHARE)}) of --budget.",
         ),
         click.option(
             "--python-stacks",
@@ -161,8 +196,9 @@ def capture_options(function):  # type: ignore[no-untyped-def]
         ),
         click.option(
             "--cpu-budget",
+            "tool_cores",
             type=Number(float, 0, 4096, low_open=True, unit=" cores"),
-            default=0.5,
+            default=Budget().tool_cores,
             show_default=True,
             help="Most CPU (cores) profkit and its tools may use; over it a collector stops.",
         ),
@@ -170,9 +206,9 @@ def capture_options(function):  # type: ignore[no-untyped-def]
             "--collectors",
             "-c",
             callback=collectors_callback,
-            help="Comma-separated subset of ebpf, proc, cgroup, perf_stat, perf_record, pyspy, "
-            "or all (default: ebpf, proc, cgroup, perf_record, and pyspy where the eBPF walker "
-            "cannot read the target's Python stacks).",
+            help=f"Comma-separated subset of {', '.join(ALL_COLLECTORS)}, or all (default: "
+            f"{', '.join(DEFAULT_COLLECTORS)}, and pyspy where the eBPF walker cannot read the "
+            "target's Python stacks).",
         ),
         click.option(
             "--max-size",

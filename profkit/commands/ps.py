@@ -54,20 +54,20 @@ def ps(match: str | None, show_all: bool, as_json: bool) -> None:
         click.echo("no matching Python processes" + ("" if show_all else " with torch (try --all)"))
         return
     rows = []
-    for item in described:
-        runtimes = ",".join(dict.fromkeys(r["name"] for r in item["runtimes"]))  # type: ignore[union-attr]
+    for target, item in zip(targets, described, strict=True):
+        runtimes = ",".join(dict.fromkeys(r.name for r in target.runtimes))
         quota = "-" if item["effective_cores"] is None else f"{item['effective_cores']:g}"
         rows.append(
             (
-                item["pid"],
-                "yes" if item["torch"] else "no",
-                item["threads"],
+                target.pid,
+                "yes" if target.has_torch else "no",
+                target.threads,
                 item["pool_threads"],
                 quota,
                 runtimes or "-",
-                " ".join(item["cmdline"]),
+                " ".join(target.cmdline),
             )
-        )  # type: ignore[arg-type]
+        )
     click.echo(
         table(
             ("pid", "torch", "thr", "pool", "quota", "runtimes", "command"),

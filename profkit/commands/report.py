@@ -8,8 +8,8 @@ from ..analysis.pipeline import analyse_bundle
 from ..render.html_report import render_html
 from ..render.json_report import render_json
 from ..render.text import render_text
-from .flame import write_output
 from .options import mode_option
+from .output import write_output
 
 RENDERERS = {"text": render_text, "json": render_json, "html": render_html}
 

@@ -6,6 +6,7 @@ import contextlib
 import signal
 import subprocess
 import time
+from typing import Any
 
 import click
 
@@ -33,7 +34,7 @@ from .options import Number, capture_options
 @capture_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
-    delay: float, keep_running: bool, cap_threads: bool, command: tuple[str, ...], **options: object
+    delay: float, keep_running: bool, cap_threads: bool, command: tuple[str, ...], **options: Any
 ) -> int:
     """Start COMMAND, wait --delay seconds, capture it, then stop it."""
     if delay < 0:
@@ -52,7 +53,7 @@ def run(
             raise CaptureFailed(
                 f"{command[0]} exited with {process.returncode} before the capture started"
             )
-        return run_capture(inspect(process.pid), **options)  # type: ignore[arg-type]
+        return run_capture(inspect(process.pid), **options)
     finally:
         if not keep_running:
             _stop(process)

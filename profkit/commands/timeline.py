@@ -6,8 +6,8 @@ import click
 
 from ..analysis.pipeline import analyse_bundle
 from ..render.timeline import render_timeline
-from .flame import write_output
 from .options import mode_option
+from .output import write_output
 
 
 @click.command()

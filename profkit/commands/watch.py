@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import click
 
 from ..errors import EXIT_OK
@@ -14,8 +17,10 @@ from ..watch.options import (
     parse_selectors,
 )
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-def target_options(function):  # type: ignore[no-untyped-def]
+
+def target_options(function: F) -> F:
     """The target selectors `watch` and `top` share."""
     decorators = [
         click.option(

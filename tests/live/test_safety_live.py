@@ -229,7 +229,17 @@ def test_reused_pid_is_refused_at_capture(start_recipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "2")
     stale = dataclasses.replace(inspect(recipe.pid), start_ticks=1)
     with pytest.raises(TargetChanged):
-        run_capture(stale, 1.0, str(tmp_path / "b"), 10, None, 64.0, "fp", 49, True)
+        run_capture(
+            stale,
+            duration=1.0,
+            out=str(tmp_path / "b"),
+            rate=10,
+            collectors=None,
+            max_size_mb=64.0,
+            perf_callgraph="fp",
+            perf_rate=49,
+            no_report=True,
+        )
     assert not (tmp_path / "b").exists()
 
 

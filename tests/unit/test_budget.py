@@ -7,6 +7,7 @@ import pytest
 from profkit.capture.budget import (
     FIXED_SHARE,
     HANG_S,
+    NONBLOCKING,
     PYSPY_CPU_S_PER_THREAD,
     PYSPY_CPU_SHARE,
     PYSPY_STOP_SHARE,
@@ -87,7 +88,7 @@ def test_auto_mode_keeps_native_only_where_one_hertz_fits() -> None:
 
 
 def test_stopped_share_ignores_the_attach_pause_and_needs_enough_rows() -> None:
-    budget = Budget(stopped_share=0.02, window_s=3.0, settle_s=1.5)
+    budget = Budget(overhead_share=0.02, window_s=3.0, settle_s=1.5)
     monitor = BudgetMonitor(budget, started_ns=0)
     seen: list[tuple[int, ...]] = []
     # The first 1.5 s (py-spy attaching) are fully stopped and must not count.
@@ -106,7 +107,7 @@ def test_a_change_restarts_the_judgement() -> None:
     seen = [row for tick in range(20, 40) for row in rows(tick * 0.1, 10, 2)]
     stops = monitor.stopped_share(seen, int(4.0 * S))
     assert stops is not None and stops.share == pytest.approx(0.2)
-    monitor.record(int(4.0 * S), "reduce-rate", "pyspy", "over budget")
+    monitor.record(int(4.0 * S), NONBLOCKING, "pyspy", "over budget")
     later = seen + [row for tick in range(41, 50) for row in rows(tick * 0.1, 10, 0)]
     # Everything until 1.5 s after the change is the new py-spy's attach: not judged.
     assert monitor.stopped_share(later, int(5.0 * S)) is None
@@ -121,7 +122,7 @@ def test_wilson_lower_bound() -> None:
 
 
 def judge(instants: int, stopped_at: set[int], threads: int = 18) -> StopEstimate:
-    monitor = BudgetMonitor(Budget(stopped_share=0.02), started_ns=0)
+    monitor = BudgetMonitor(Budget(overhead_share=0.02), started_ns=0)
     seen = [
         row
         for tick in range(instants)

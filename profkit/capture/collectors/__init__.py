@@ -1,22 +1,5 @@
-"""Collectors, one module each, behind the Protocol in base.py; registered by name here."""
+"""Collectors, one module each, behind the Protocol in base.py; capture/registry.py names them.
 
-from __future__ import annotations
-
-from collections.abc import Callable
-
-from ..ebpf.collector import EbpfCollector
-from .base import Collector
-from .cgroupstat import CgroupCollector
-from .perfrecord import PerfRecordCollector
-from .perfstat import PerfStatCollector
-from .procstat import ProcCollector
-from .pyspy import PySpyCollector
-
-REGISTRY: dict[str, Callable[[], Collector]] = {
-    "ebpf": EbpfCollector,
-    "proc": ProcCollector,
-    "cgroup": CgroupCollector,
-    "perf_stat": PerfStatCollector,
-    "perf_record": PerfRecordCollector,
-    "pyspy": PySpyCollector,
-}
+Nothing is imported here: the eBPF collector (capture/ebpf/) implements base.py's Protocol, and
+a registry in this package would make the two packages import each other.
+"""

@@ -1,4 +1,5 @@
-"""The one small interface every collector implements, and what it reports when it stops."""
+"""The one small interface every collector implements. What it reports when it stops is part
+of the bundle (bundle/parts.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from ...bundle.parts import CollectorResult
 from ...host.target import Target
+from ..budget import Budget
 from ..clock import Clock
 
 
@@ -18,28 +21,30 @@ class Availability:
 
 
 @dataclass(frozen=True)
+class CaptureOptions:
+    """How the collectors are to run, as the command asked and the plan decided."""
+
+    budget: Budget = field(default_factory=Budget)
+    pyspy_mode: str = "native"  # or "nonblocking"; the plan decides what "auto" means
+    pyspy_mode_reason: str = ""  # why the plan chose --nonblocking
+    python_stacks: str = "auto"  # "off": no eBPF stack walker
+    ebpf_sched: str = "auto"  # "on", "off"
+    perf_callgraph: str = "fp"  # "dwarf"
+    perf_rate_hz: int = 49
+    perf_scope: str = "cpu"  # "thread"
+    perf_max_mb: int = 64  # perf record's own bound on perf.data
+
+
+@dataclass(frozen=True)
 class CaptureContext:
     target: Target
     directory: Path  # the bundle directory; each collector writes its own files there
     rate_hz: int
     duration_s: float
     clock: Clock
-    options: dict[str, str] = field(default_factory=dict)
+    options: CaptureOptions = field(default_factory=CaptureOptions)
     # Every child tool's pid is recorded, so that a later run can clean up after a killed one.
     register_child: Callable[[int], None] = lambda pid: None
-
-
-@dataclass(frozen=True)
-class CollectorResult:
-    name: str
-    status: str  # "ok", "partial", "failed", "unavailable", "skipped"
-    reason: str = ""
-    samples: int = 0
-    lost: int = 0
-    start_ns: int | None = None
-    end_ns: int | None = None
-    files: tuple[str, ...] = ()
-    notes: dict[str, object] = field(default_factory=dict)
 
 
 @runtime_checkable

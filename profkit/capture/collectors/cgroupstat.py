@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 
+from ...bundle.parts import CGROUP, CollectorResult
 from ...bundle.safefile import write_new
 from ...errors import CgroupError
 from ...host.cgroup import CgroupCpu, cpu_cgroup, read_cpu_stat, read_pressure
 from ...host.target import Target
-from .base import Availability, CaptureContext, CollectorResult
+from .base import Availability, CaptureContext
 from .periodic import PeriodicSampler
 
 COLUMNS = ("t_ns", "nr_periods", "nr_throttled", "throttled_ns", "usage_ns", "pressure_some_us")
@@ -95,7 +96,7 @@ class CgroupCollector:
             ],
             "samples": {name: [row[i] for row in self.rows] for i, name in enumerate(COLUMNS)},
         }
-        write_new(self._context.directory / "cgroup.json", json.dumps(payload))
+        write_new(self._context.directory / CGROUP, json.dumps(payload))
         error = self._sampler.error
         return CollectorResult(
             self.name,
@@ -104,6 +105,6 @@ class CgroupCollector:
             samples=len(self.rows),
             start_ns=self.rows[0][0] if self.rows else None,
             end_ns=self.rows[-1][0] if self.rows else None,
-            files=("cgroup.json",),
+            files=(CGROUP,),
             notes={"interval_s": self.interval_s},
         )

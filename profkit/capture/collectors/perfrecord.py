@@ -24,15 +24,14 @@ from pathlib import Path
 
 import sh
 
+from ...bundle.parts import PERF, PERF_DATA, CollectorResult
 from ...bundle.safefile import write_new
 from ...host.target import Target
 from ...host.tools import find_tool
 from .. import demangle
-from .base import Availability, CaptureContext, CollectorResult
+from .base import Availability, CaptureContext
 from .child import ChildTool
 
-DATA_FILE = "perf.data"
-NORMALISED_FILE = "perf.json"
 CALLGRAPHS = {"fp": ["--call-graph", "fp"], "dwarf": ["--call-graph", "dwarf,16384"]}
 
 
@@ -53,8 +52,7 @@ class PerfRecordCollector:
     def start(self, context: CaptureContext) -> None:
         assert self._tool.path is not None
         self._context = context
-        callgraph = context.options.get("perf_callgraph", "fp")
-        max_mb = context.options.get("perf_max_mb", "64")
+        options = context.options
         scope = self._scope_args(context)
         self._cpus = scope[2] if len(scope) > 2 else ("all" if scope == ["-a"] else "")
         args = [
@@ -62,22 +60,22 @@ class PerfRecordCollector:
             "-e",
             "cpu-clock",
             "-F",
-            str(context.options.get("perf_rate", 49)),
-            *CALLGRAPHS[callgraph],
+            str(options.perf_rate_hz),
+            *CALLGRAPHS[options.perf_callgraph],
             "-k",
             "CLOCK_MONOTONIC",
             *scope,
             "--max-size",
-            f"{max_mb}M",
+            f"{options.perf_max_mb}M",
             "-o",
-            str(context.directory / DATA_FILE),
+            str(context.directory / PERF_DATA),
         ]
         self._child = ChildTool(self.name, self._tool.path, args, context.directory)
         context.register_child(self._child.pid)
 
     @staticmethod
     def _scope_args(context: CaptureContext) -> list[str]:
-        if context.options.get("perf_scope", "cpu") == "thread":
+        if context.options.perf_scope == "thread":
             return ["-p", str(context.target.pid)]
         # Only the CPUs the target may run on: in a cpuset container that is a fraction of a
         # large machine, and samples elsewhere would all be thrown away.
@@ -96,26 +94,27 @@ class PerfRecordCollector:
         assert self._child is not None and self._context is not None and self._tool.path
         exit_code = self._child.stop()
         directory = self._context.directory
+        options = self._context.options
         notes: dict[str, object] = {
-            "callgraph": self._context.options.get("perf_callgraph", "fp"),
-            "rate_hz": int(self._context.options.get("perf_rate", 49)),
-            "scope": self._context.options.get("perf_scope", "cpu"),
+            "callgraph": options.perf_callgraph,
+            "rate_hz": options.perf_rate_hz,
+            "scope": options.perf_scope,
             "cpus": self._cpus,
             "exit_code": exit_code,
         }
         why = failure_reason(exit_code, self._child.signals_sent, self._child.stderr_text())
-        if not (directory / DATA_FILE).exists():
+        if not (directory / PERF_DATA).exists():
             return CollectorResult(
                 self.name,
                 "failed",
-                why or self._child.stderr_text()[-200:] or "perf wrote no perf.data",
+                why or self._child.stderr_text()[-200:] or f"perf wrote no {PERF_DATA}",
                 notes=notes,
             )
         fast_names = demangle.available()
         script = sh.Command(self._tool.path)(
             "script",
             "-i",
-            str(directory / DATA_FILE),
+            str(directory / PERF_DATA),
             *(["--no-demangle"] if fast_names else []),
             "--no-inline",
             "--show-lost-events",
@@ -131,12 +130,12 @@ class PerfRecordCollector:
         samples = parse_script(script)
         if fast_names:
             samples = rename_frames(samples, demangle.demangle([f[0] for f in samples["frames"]]))
-        write_new(directory / NORMALISED_FILE, json.dumps(samples))
-        files: tuple[str, ...] = (DATA_FILE, NORMALISED_FILE)
+        write_new(directory / PERF, json.dumps(samples))
+        files: tuple[str, ...] = (PERF_DATA, PERF)
         if notes["scope"] == "cpu":
             # Other processes' stacks must not travel in a bundle made for this one.
-            (directory / DATA_FILE).unlink()
-            files = (NORMALISED_FILE,)
+            (directory / PERF_DATA).unlink()
+            files = (PERF,)
         count = len(samples["samples"]["t_ns"])
         return CollectorResult(
             self.name,

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 
+from ...bundle.parts import PERF_STAT, PERF_STAT_CSV, CollectorResult
 from ...bundle.safefile import write_new
 from ...host.capabilities import HARDWARE_EVENTS, SOFTWARE_EVENTS, probe_perf_events
 from ...host.target import Target
 from ...host.tools import find_tool
-from .base import Availability, CaptureContext, CollectorResult
+from .base import Availability, CaptureContext
 from .child import ChildTool
 
-RAW_FILE = "perf_stat.csv"
-NORMALISED_FILE = "perf_stat.json"
 INTERVAL_MS = 500
 
 
@@ -54,7 +53,7 @@ class PerfStatCollector:
             "-e",
             ",".join(self.events),
             "-o",
-            str(context.directory / RAW_FILE),
+            str(context.directory / PERF_STAT_CSV),
         ]
         self._child = ChildTool(self.name, self._tool.path, args, context.directory)
         context.register_child(self._child.pid)
@@ -65,7 +64,7 @@ class PerfStatCollector:
     def stop(self) -> CollectorResult:
         assert self._child is not None and self._context is not None
         exit_code = self._child.stop()
-        raw = self._context.directory / RAW_FILE
+        raw = self._context.directory / PERF_STAT_CSV
         notes = {
             "events": list(self.events),
             "unsupported": list(self.unsupported),
@@ -78,14 +77,14 @@ class PerfStatCollector:
                 self.name, "failed", self._child.stderr_text()[-200:], notes=notes
             )
         rows = parse_interval_csv(raw.read_text(), self._child.started_ns)
-        write_new(self._context.directory / NORMALISED_FILE, json.dumps(rows))
+        write_new(self._context.directory / PERF_STAT, json.dumps(rows))
         return CollectorResult(
             self.name,
             "ok",
             samples=len(rows["t_ns"]),
             start_ns=min(rows["t_ns"], default=None),
             end_ns=max(rows["t_ns"], default=None),
-            files=(RAW_FILE, NORMALISED_FILE),
+            files=(PERF_STAT_CSV, PERF_STAT),
             notes=notes,
         )
 

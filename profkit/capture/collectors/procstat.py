@@ -12,10 +12,11 @@ import json
 import os
 from pathlib import Path
 
+from ...bundle.parts import PROC, CollectorResult
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Target
-from .base import Availability, CaptureContext, CollectorResult
+from .base import Availability, CaptureContext
 from .periodic import PeriodicSampler
 
 COLUMNS = ("t_ns", "tid", "utime", "stime", "runtime_ns", "state", "vcsw", "nvcsw", "cpu")
@@ -177,7 +178,7 @@ class ProcCollector:
             },
             "samples": columns,
         }
-        write_new(self._context.directory / "proc.json", json.dumps(payload))
+        write_new(self._context.directory / PROC, json.dumps(payload))
         error = self._sampler.error
         status = "failed" if error else "ok"
         return CollectorResult(
@@ -187,6 +188,6 @@ class ProcCollector:
             samples=len(self.process_rows),
             start_ns=self.process_rows[0][0] if self.process_rows else None,
             end_ns=self.process_rows[-1][0] if self.process_rows else None,
-            files=("proc.json",),
+            files=(PROC,),
             notes={"threads_seen": len(self.names), "target_exited": self._sampler.exhausted},
         )

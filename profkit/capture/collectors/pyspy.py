@@ -17,17 +17,16 @@ import re
 import signal
 from pathlib import Path
 
+from ...bundle.parts import PYSPY, CollectorResult, pyspy_trace
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Target
 from ...host.tools import find_tool
 from ..startup import ATTACH_TIMEOUT_S, SETTLE_TIMEOUT_S
-from .base import Availability, CaptureContext, CollectorResult
+from .base import Availability, CaptureContext
 from .child import ChildTool
 
 THREAD_FRAME = re.compile(r"^thread \((\d+)\)(?::\s*(.*))?$")
-RAW_FILE = "pyspy.chrometrace.json"
-NORMALISED_FILE = "pyspy.json"
 
 
 class PySpyCollector:
@@ -51,14 +50,14 @@ class PySpyCollector:
 
     def start(self, context: CaptureContext) -> None:
         self._context = context
-        native = context.options.get("pyspy_mode") != "nonblocking"
+        native = context.options.pyspy_mode != "nonblocking"
         self._start_segment(context.rate_hz, native=native)
 
     def _start_segment(self, rate: int, native: bool) -> None:
         assert self._tool.path is not None and self._context is not None
         context = self._context
         index = len(self._segments)
-        raw = context.directory / (RAW_FILE if index == 0 else f"pyspy.chrometrace.{index}.json")
+        raw = context.directory / pyspy_trace(index)
         # --native needs the target stopped per sample; --nonblocking never stops it.
         mode = ["--native"] if native else ["--nonblocking"]
         args = [
@@ -99,11 +98,11 @@ class PySpyCollector:
         rate is not an option: a --native attach holds the main thread stopped ~0.3 s while
         py-spy reads libtorch's symbols (measured on 2 cores), more than the rate would save.
         False once nothing is left."""
-        if self.dropped or not self._segments:
+        if self.dropped or not self._segments or self._context is None:
             return False
         child, rate, _, native = self._segments[-1]
         child.stop(grace_s=exit_grace_s(rate))
-        resume_if_stopped(self._context.target.pid)  # type: ignore[union-attr]
+        resume_if_stopped(self._context.target.pid)
         if not native:
             self.dropped = reason
             self.rate_changes.append({"t_ns": now_ns, "from": rate, "to": 0, "reason": reason})
@@ -131,7 +130,7 @@ class PySpyCollector:
             "exit_codes": [c.exit_code for c, _, _, _ in self._segments],
             "anchors_ns": [c.started_ns for c, _, _, _ in self._segments],
             "native": [n for _, _, _, n in self._segments],
-            "mode_reason": self._context.options.get("pyspy_mode_reason", ""),
+            "mode_reason": self._context.options.pyspy_mode_reason,
             "sigcont_sent_to": resumed,
             "version": self._tool.version_text,
         }
@@ -157,7 +156,7 @@ class PySpyCollector:
             )
         normalised = merge(parts)
         normalised["sources"] = source_lines(normalised["frames"])
-        write_new(self._context.directory / NORMALISED_FILE, json.dumps(normalised))
+        write_new(self._context.directory / PYSPY, json.dumps(normalised))
         spans = normalised["spans"]
         samples = sum(
             max(1, round((e - s) / 1e9 * r))
@@ -172,7 +171,7 @@ class PySpyCollector:
             lost=errors,
             start_ns=min(spans["start_ns"], default=None),
             end_ns=max(spans["end_ns"], default=None),
-            files=(*[raw.name for _, _, raw, _ in self._segments if raw.exists()], NORMALISED_FILE),
+            files=(*[raw.name for _, _, raw, _ in self._segments if raw.exists()], PYSPY),
             notes=notes,
         )
 

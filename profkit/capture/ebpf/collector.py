@@ -15,18 +15,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
+from types import ModuleType
+from typing import Any
 
+from ...bundle.parts import EBPF, CollectorResult
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Runtime, Target
 from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
 from ..clock import Clock
-from ..collectors.base import Availability, CaptureContext, CollectorResult
-from .loader import BccUnavailable, load_bcc
+from ..collectors.base import Availability, CaptureContext
+from .loader import BccUnavailable, BpfProgram, load_bcc
 from .pywalk import PythonWalker
 from .regions import RuntimeProbes, find_probes, handler_source, probeable
 
-NORMALISED_FILE = "ebpf.json"
 # What the Python stack walker adds to a region's entry trap, measured with
 # benchmarks/probe_cost.py (docs/results/2core-probe-cost-walker.txt).
 WALKER_HIT_S = 1.4e-6
@@ -81,14 +83,14 @@ def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) ->
     """Whether to trace the scheduler: its tracepoints run on every context switch of the
     machine, so on a busy one they cost more than their share of the budget
     (docs/collectors.md)."""
-    setting = context.options.get("ebpf_sched", "auto")
+    setting = context.options.ebpf_sched
     if setting != "auto":
         return {
             "traced": setting == "on",
             "setting": setting,
             "reason": "" if setting == "on" else "scheduler tracepoints off (--ebpf-sched off)",
         }
-    budget = SCHED_TRACE_SHARE * float(context.options.get("overhead_budget", "0.02"))
+    budget = SCHED_TRACE_SHARE * context.options.budget.overhead_share
     rate = (switches or SwitchRate(context.clock)).rate()
     share = sched_trace_share(rate, os.cpu_count() or 1)
     decision: dict[str, object] = {
@@ -134,9 +136,9 @@ class EbpfCollector:
 
     def __init__(self, print_programs: bool = False) -> None:
         self.print_programs = print_programs
-        self._bpf: list[object] = []  # every loaded program, for cleanup
-        self._sched_bpf: object | None = None
-        self._openmp_bpf: object | None = None
+        self._bpf: list[BpfProgram] = []  # every loaded program, for cleanup
+        self._sched_bpf: BpfProgram | None = None
+        self._openmp_bpf: BpfProgram | None = None
         self.sched_decision: dict[str, object] = {}
         self.region_decision: dict[str, object] = {}
         self._context: CaptureContext | None = None
@@ -176,7 +178,7 @@ class EbpfCollector:
         self._context = context
         target = context.target
         switches = SwitchRate(context.clock)
-        flags = self._prepare_walker(target, context.options.get("python_stacks") != "off")
+        flags = self._prepare_walker(target, context.options.python_stacks != "off")
         # Decided before compiling, since the tracepoints are part of the one program: the
         # context-switch rate is counted over the walker's preparation.
         self.sched_decision = decide_sched(context, switches)
@@ -229,7 +231,7 @@ class EbpfCollector:
             runtimes = program.runtimes
             with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
                 found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
-                bpf = bcc.BPF(text=program.source(), cflags=flags)  # type: ignore[attr-defined]
+                bpf = bcc.BPF(text=program.source(), cflags=flags)
                 probes = [p for p in (f.result() for f in found) if p is not None]
             self._bpf.append(bpf)
             self._openmp_bpf = bpf
@@ -253,12 +255,12 @@ class EbpfCollector:
             self.cleanup()
             raise
 
-    def _attach_sampler(self, bcc: object, bpf: object) -> None:
+    def _attach_sampler(self, bcc: ModuleType, bpf: BpfProgram) -> None:
         """The walker's on-CPU sampler: a cpu-clock event on every CPU, kept to the target's
         Python threads by the program."""
-        bpf.attach_perf_event(  # type: ignore[attr-defined]
-            ev_type=bcc.PerfType.SOFTWARE,  # type: ignore[attr-defined]
-            ev_config=bcc.PerfSWConfig.CPU_CLOCK,  # type: ignore[attr-defined]
+        bpf.attach_perf_event(
+            ev_type=bcc.PerfType.SOFTWARE,
+            ev_config=bcc.PerfSWConfig.CPU_CLOCK,
             fn_name="on_cpu_sample",
             sample_freq=PYTHON_SAMPLE_HZ,
         )
@@ -318,7 +320,7 @@ class EbpfCollector:
     def _entries_by_copy(self) -> dict[int, int]:
         if self._openmp_bpf is None:
             return {}
-        table = self._openmp_bpf["runtime_entries"]  # type: ignore[index]
+        table = self._openmp_bpf["runtime_entries"]
         return {index: int(table[ctypes.c_int(index)].value) for index in self._hit_s}
 
     def _judge_region_rate(
@@ -340,7 +342,7 @@ class EbpfCollector:
         rate = sum(rates.values())
         share = sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
         per_region_s = share / rate if rate else max(self._hit_s.values(), default=0.0) + walk_s
-        budget = REGION_PROBE_SHARE * float(context.options.get("overhead_budget", "0.02"))
+        budget = REGION_PROBE_SHARE * context.options.budget.overhead_share
         self.region_decision = {
             "traced": share <= budget,
             "regions_per_s": round(rate),
@@ -369,8 +371,8 @@ class EbpfCollector:
             detach = getattr(self._openmp_bpf, f"detach_{kind}")
             detach(**{k: v for k, v in where.items() if k != "fn_name"})
 
-    def _seed_threads(self, bpf: object, pid: int) -> None:
-        times = bpf["times"]  # type: ignore[index]
+    def _seed_threads(self, bpf: BpfProgram, pid: int) -> None:
+        times = bpf["times"]
         for tid in procfs.list_tids(pid):
             times[times.Key(tid)] = times.Leaf()
 
@@ -378,7 +380,7 @@ class EbpfCollector:
         if self._openmp_bpf is None:
             return 0
         try:
-            return int(self._openmp_bpf["region_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+            return int(self._openmp_bpf["region_count"][ctypes.c_int(0)].value)
         except Exception:
             return 0
 
@@ -392,7 +394,7 @@ class EbpfCollector:
         if self._sched_bpf is not None:
             sched = self._sched_bpf
             threads = {}
-            for key, value in sched["times"].items():  # type: ignore[index]
+            for key, value in sched["times"].items():
                 oncpu, offcpu = value.oncpu_ns, value.offcpu_ns
                 # Close the interval each thread is in at the end of the window.
                 if value.last_in_ns:
@@ -410,11 +412,11 @@ class EbpfCollector:
                 }
             payload["threads"] = threads
             self._read_slices(sched)
-            for k, v in sched["pystack_offcpu"].items():  # type: ignore[index]
+            for k, v in sched["pystack_offcpu"].items():
                 off = offcpu_by_stack.setdefault((k.stack, k.tid), [0, 0])
                 off[0] += int(v.ns)
                 off[1] += int(v.switches)
-            payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]  # type: ignore[index]
+            payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]
         python: dict[str, object] = {"walker": "off", "reason": "no OpenMP region probe"}
         if self.walker is not None:
             python["reason"] = self.walker.reason
@@ -437,7 +439,7 @@ class EbpfCollector:
                     "switches": [v[1] for v in offcpu_by_stack.values()],
                 }
             payload["region_entries"] = entries
-            hist = self._openmp_bpf["duration_us_log2"]  # type: ignore[index]
+            hist = self._openmp_bpf["duration_us_log2"]
             payload["histogram_us_log2"] = {
                 str(k.value): v.value for k, v in hist.items() if v.value
             }
@@ -462,7 +464,7 @@ class EbpfCollector:
                 "runtimes": self.probed_runtimes,
             }
         )
-        write_new(self._context.directory / NORMALISED_FILE, json.dumps(payload))
+        write_new(self._context.directory / EBPF, json.dumps(payload))
         return CollectorResult(
             self.name,
             "ok",
@@ -471,7 +473,7 @@ class EbpfCollector:
             lost=sum(self.lost.values()),
             start_ns=self._start_ns,
             end_ns=end_ns,
-            files=(NORMALISED_FILE,),
+            files=(EBPF,),
             notes={
                 "attached": self.attached,
                 "regions": len(self.regions["tid"]),
@@ -482,11 +484,11 @@ class EbpfCollector:
             },
         )
 
-    def _check_ends(self, bpf: object) -> tuple[int, int]:
+    def _check_ends(self, bpf: BpfProgram) -> tuple[int, int]:
         """Regions entered and ended so far; warns when ends went unseen."""
         entries = _entries(bpf)
-        ended = int(bpf["region_count"][ctypes.c_int(0)].value)  # type: ignore[index]
-        still_open = len(bpf["open_regions"])  # type: ignore[index]
+        ended = int(bpf["region_count"][ctypes.c_int(0)].value)
+        still_open = len(bpf["open_regions"])
         missed = entries - ended - still_open
         if missed > max(5, entries // 100):
             self.warnings.append(
@@ -495,16 +497,16 @@ class EbpfCollector:
             )
         return entries, ended
 
-    def _read_regions(self, bpf: object, count: int, stack_index: dict[int, int]) -> None:
+    def _read_regions(self, bpf: BpfProgram, count: int, stack_index: dict[int, int]) -> None:
         """Copy the in-kernel region log out in one batch, after the window."""
         for _, v in _read_log(bpf, "region_log", count, self.lost, "regions"):
             for key in ("start_ns", "end_ns", "tid", "requested", "runtime"):
                 self.regions[key].append(getattr(v, key))
             self.regions["stack"].append(stack_index.get(int(v.stack), -1))
 
-    def _read_samples(self, bpf: object, stack_index: dict[int, int]) -> dict[str, object]:
+    def _read_samples(self, bpf: BpfProgram, stack_index: dict[int, int]) -> dict[str, object]:
         """The walker's on-CPU samples of the target's Python threads, in time order."""
-        count = int(bpf["sample_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+        count = int(bpf["sample_count"][ctypes.c_int(0)].value)
         columns: dict[str, list[int]] = {"t_ns": [], "tid": [], "stack": []}
         lost = {"samples": 0}
         for _, v in _read_log(bpf, "sample_log", count, lost, "samples"):
@@ -514,9 +516,9 @@ class EbpfCollector:
         self.lost["python_samples"] = lost["samples"]
         return {"rate_hz": PYTHON_SAMPLE_HZ, **columns}
 
-    def _read_slices(self, sched: object) -> None:
+    def _read_slices(self, sched: BpfProgram) -> None:
         """Copy the in-kernel slice log out in one batch, after the window."""
-        count = sched["slice_count"][ctypes.c_int(0)].value  # type: ignore[index]
+        count = sched["slice_count"][ctypes.c_int(0)].value
         for _, v in _read_log(sched, "slice_log", count, self.lost, "slices"):
             self.slices["start_ns"].append(v.start_ns)
             self.slices["end_ns"].append(v.end_ns)
@@ -531,16 +533,18 @@ class EbpfCollector:
         while self._bpf:
             bpf = self._bpf.pop()
             with contextlib.suppress(Exception):
-                bpf.cleanup()  # type: ignore[attr-defined]
+                bpf.cleanup()
 
 
-def _entries(bpf: object) -> int:
-    return int(bpf["entry_count"][ctypes.c_int(0)].value)  # type: ignore[index]
+def _entries(bpf: BpfProgram) -> int:
+    return int(bpf["entry_count"][ctypes.c_int(0)].value)
 
 
-def _read_log(bpf: object, log_name: str, count: int, lost: dict[str, int], which: str):  # type: ignore[no-untyped-def]
+def _read_log(
+    bpf: BpfProgram, log_name: str, count: int, lost: dict[str, int], which: str
+) -> list[tuple[int, Any]]:
     """The first `count` entries of an in-kernel array log, in the order they were written."""
-    log = bpf[log_name]  # type: ignore[index]
+    log = bpf[log_name]
     capacity = len(log)
     used = min(count, capacity)
     lost[which] += max(0, count - capacity)

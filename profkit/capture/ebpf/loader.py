@@ -13,11 +13,17 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any, TypeAlias
 
 SYSTEM_BCC_DIRS = (
     Path("/usr/lib/python3/dist-packages/bcc"),
     Path("/usr/local/lib/python3/dist-packages/bcc"),
 )
+
+
+# bcc ships no type stubs: a loaded program (bcc.BPF) and the tables it is indexed by are
+# typed as this wherever profkit holds one.
+BpfProgram: TypeAlias = Any
 
 
 class BccUnavailable(ImportError):

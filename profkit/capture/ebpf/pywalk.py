@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ...host.pyruntime import CodeResolver, Layout, PyRuntimeUnsupported, detect, self_check
 from ...host.pyruntime import thread_states as read_thread_states
+from .loader import BpfProgram
 
 FRAME_KINDS = {"frameobject": 1, "cframe": 2, "direct": 3}
 # Flags in the kernel's instruction index (probes/openmp.bpf.c): a shim frame, dropped here;
@@ -58,7 +59,7 @@ class PythonWalker:
     layout: Layout | None = None
     reason: str = ""
     refreshes: int = 0
-    _bpf: object | None = None
+    _bpf: BpfProgram | None = None
     _known: set[int] = field(default_factory=set)
     _native: set[int] = field(default_factory=set)
     _unmatched: dict[int, int] = field(default_factory=dict)
@@ -81,7 +82,7 @@ class PythonWalker:
         self.layout = layout
         return compile_flags(layout)
 
-    def attach(self, bpf: object) -> None:
+    def attach(self, bpf: BpfProgram) -> None:
         """Seed the thread map, then keep it current while the window is open."""
         self._bpf = bpf
         self._refresh()
@@ -94,7 +95,7 @@ class PythonWalker:
             found = read_thread_states(self.pid, self.layout)
         except (PyRuntimeUnsupported, OSError):
             return  # the target is exiting, or between two thread-list updates: next time
-        table = self._bpf["tstates"]  # type: ignore[index]  # bcc tables have no stubs
+        table = self._bpf["tstates"]
         with self._lock:
             for tid, tstate in found.items():
                 table[ctypes.c_uint32(tid)] = ctypes.c_uint64(tstate)
@@ -124,7 +125,7 @@ class PythonWalker:
     def _count(self, index: int) -> int:
         assert self._bpf is not None
         try:
-            return int(self._bpf["walk_counts"][ctypes.c_int(index)].value)  # type: ignore[index]
+            return int(self._bpf["walk_counts"][ctypes.c_int(index)].value)
         except Exception:
             return 0
 
@@ -140,8 +141,8 @@ class PythonWalker:
             return {"walker": "off", "reason": self.reason}, {}
         bpf = self._bpf
         counts = {name: self._count(i) for i, name in enumerate(WALK_COUNTS)}
-        stats = {k.value: (v.regions, v.region_ns) for k, v in bpf["pystack_stats"].items()}  # type: ignore[index]
-        raw = {k.value: v for k, v in bpf["pystacks"].items()}  # type: ignore[index]
+        stats = {k.value: (v.regions, v.region_ns) for k, v in bpf["pystack_stats"].items()}
+        raw = {k.value: v for k, v in bpf["pystacks"].items()}
         resolver = CodeResolver(self.pid, self.layout)
         sources = SourceLines(self.pid)
         stacks: list[dict[str, object]] = []

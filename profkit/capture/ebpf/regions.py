@@ -124,7 +124,7 @@ def find_probes(index: int, runtime: Runtime) -> RuntimeProbes | None:
     if kind is None:
         return None
     try:
-        entries = []
+        entries: list[Entry] = []
         for wanted in kind.entries:
             found = find_symbol(runtime.path, wanted)
             if found is None:
