@@ -4,7 +4,8 @@ Frame-pointer unwinding is the default: measured on the fanout recipe (4 s at 99
 0.09 MB and `perf script` took 1.3 s, against 9.3 MB for DWARF with 16 KiB stacks. PyTorch
 wheels have no frame pointers, so fp stacks stop inside libtorch_cpu, but their leaf frames name
 the kernel at work (direct_copy_kernel, the OpenMP barrier, page faults), which is what the
-worker analysis needs; the dispatcher's call path comes from py-spy. `--perf-callgraph dwarf`
+worker analysis needs; the dispatcher's call path comes from the eBPF stack walker (py-spy
+where the walker cannot run). `--perf-callgraph dwarf`
 trades size for whole stacks.
 
 Sampling is per CPU by default (`-a`), and `perf script --pid` keeps the target's samples. A

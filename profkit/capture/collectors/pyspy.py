@@ -2,7 +2,7 @@
 
 `record --native` ptrace-stops every thread of the target for each sample, so the rate is
 kept low by default, and py-spy goes --nonblocking while capturing if the target spends too
-long stopped (docs/collectors.md has the measured cost). py-spy's chrometrace output is the
+long stopped (docs/results/pyspy-cost.md has the measured cost). py-spy's chrometrace output is the
 one format that keeps time; `--threads` puts each thread's OS tid in a root frame. A mode change
 restarts py-spy into a new segment; segments are merged, each span carrying its own rate.
 """

@@ -1,6 +1,6 @@
 """eBPF (bcc): scheduler slices, wakeups and OpenMP parallel regions of the target.
 
-The programs live in probes/*.bpf.c and ship inside the wheel as profkit.probes. Each is wrapped
+The programs live in probes/*.bpf.c beside this module and ship inside the wheel. Each is wrapped
 in a small class that renders its source for one target, so templating is tested without root.
 Probes are attached with pid=TARGET only, and detached by BPF.cleanup() on every exit path.
 """

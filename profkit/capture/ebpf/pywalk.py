@@ -2,10 +2,11 @@
 
 At each region entry the probe reads the dispatching thread's CPython frame chain (code object
 and instruction index per frame) and counts regions and their time per distinct stack in the
-kernel (probes/openmp.bpf.c, compiled with PYSTACK). This module decides whether the walker can
-run on a target (its interpreter's layout is known and passes a self-check from user space),
-hands the layout to the compiler, keeps the kernel's thread-id -> thread-state map current, and
-turns the kernel's stacks into file, function and line once per code object after the window.
+kernel (probes/pystack.bpf.c, compiled into openmp.bpf.c's program with PYSTACK). This module
+decides whether the walker can run on a target (its interpreter's layout is known and passes a
+self-check from user space), hands the layout to the compiler, keeps the kernel's thread-id ->
+thread-state map current, and turns the kernel's stacks into file, function and line once per
+code object after the window.
 
 An interpreter whose layout is unknown or fails the self-check gets no walker: the manifest says
 why, and the call site comes from py-spy as before. Wrong stacks are worse than none.
@@ -25,7 +26,7 @@ from ...host.pyruntime import thread_states as read_thread_states
 from .loader import BpfProgram
 
 FRAME_KINDS = {"frameobject": 1, "cframe": 2, "direct": 3}
-# Flags in the kernel's instruction index (probes/openmp.bpf.c): a shim frame, dropped here;
+# Flags in the kernel's instruction index (probes/pystack.bpf.c): a shim frame, dropped here;
 # an index below the code's first instruction (a frame that has not started) wraps to this.
 SHIM_FRAME = 0x8000_0000
 NOT_STARTED = 0x7FFF_FFFF
@@ -35,7 +36,7 @@ REFRESH_S = 0.5
 
 
 def compile_flags(layout: Layout) -> list[str]:
-    """The layout as preprocessor definitions for probes/openmp.bpf.c."""
+    """The layout as preprocessor definitions for probes/pystack.bpf.c and openmp.bpf.c."""
     values = {
         "PY_FRAME_KIND": FRAME_KINDS[layout.frame_kind],
         "PY_TSTATE_FRAME": layout.tstate_frame,
