@@ -488,23 +488,21 @@ def _abort_reason(exc: BaseException) -> str:
 
 
 def _options_record(request: CaptureRequest) -> dict[str, object]:
-    """The options in the manifest, spelled as bundles have always spelled them (the budget
-    twice, once as a string)."""
+    """The options in the manifest, each under the name and unit it has in CaptureOptions."""
     options, budget = request.options, request.options.budget
     return {
         "duration_s": request.duration_s,
         "rate_hz": request.rate_hz,
         "collectors": list(request.collectors),
         "max_size_mb": request.max_size_mb,
-        "budget": {"stopped_share": budget.overhead_share, "tool_cores": budget.tool_cores},
+        "budget": {"overhead_share": budget.overhead_share, "tool_cores": budget.tool_cores},
         "perf_callgraph": options.perf_callgraph,
-        "perf_rate": str(options.perf_rate_hz),
+        "perf_rate_hz": options.perf_rate_hz,
         "perf_scope": options.perf_scope,
         "pyspy_mode": options.pyspy_mode,
         "pyspy_mode_reason": options.pyspy_mode_reason,
         "ebpf_sched": options.ebpf_sched,
         "python_stacks": options.python_stacks,
-        "overhead_budget": str(budget.overhead_share),
     }
 
 
