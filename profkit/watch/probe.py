@@ -93,20 +93,24 @@ class RegionProbe:
         bpf = self.bpf
         if bpf is None:
             return 0
+        try:
+            table = bpf["runtime_entries"]  # type: ignore[index]  # bcc: tables built at run time
+            return sum(int(table[ctypes.c_int(i)].value) for i in self._openmp_copies())
+        except Exception:
+            return 0
+
+    def _openmp_copies(self) -> set[int]:
+        """Indexes of the OpenMP runtime copies probed: an OpenBLAS pool's regions are counted
+        apart by the collector, and are not this pool's."""
         c = self._collector
-        assert c is not None
-        # The OpenMP copies' regions: an OpenBLAS pool's are counted apart by the collector.
-        copies = [
+        if c is None:
+            return set()
+        return {
             # probed_runtimes holds RuntimeProbes.describe()'s dict[str, object].
             int(r["index"])  # type: ignore[call-overload]  # an int, typed object there
             for r in c.probed_runtimes
             if r["pool"] == "openmp"
-        ]
-        try:
-            table = bpf["runtime_entries"]  # type: ignore[index]  # bcc: tables built at run time
-            return sum(int(table[ctypes.c_int(i)].value) for i in copies)
-        except Exception:
-            return 0
+        }
 
     def python_tids(self) -> set[int] | None:
         """Threads the interpreter knows, or None where its layout is unknown."""
@@ -123,12 +127,18 @@ class RegionProbe:
         bpf = self.bpf
         if bpf is None or not self.walker_on:
             return {}
+        # Only the OpenMP copies' regions: the sites split the OpenMP pool's CPU.
+        copies = self._openmp_copies()
         try:
             table = bpf["pystack_stats"]  # type: ignore[index]  # bcc: tables built at run time
-            stats = {
-                int(k.value): StackCounts(int(v.regions), int(v.region_ns))
-                for k, v in table.items()
-            }
+            stats: dict[int, StackCounts] = {}
+            for k, v in table.items():
+                if int(k.runtime) not in copies:
+                    continue
+                seen = stats.get(int(k.stack), StackCounts(0, 0))
+                stats[int(k.stack)] = StackCounts(
+                    seen.regions + int(v.regions), seen.region_ns + int(v.region_ns)
+                )
         except Exception:
             return {}
         new = [i for i in stats if i not in self._frames]

@@ -142,7 +142,12 @@ class PythonWalker:
             return {"walker": "off", "reason": self.reason}, {}
         bpf = self._bpf
         counts = {name: self._count(i) for i, name in enumerate(WALK_COUNTS)}
-        stats = {k.value: (v.regions, v.region_ns) for k, v in bpf["pystack_stats"].items()}
+        # Counted per (stack, runtime copy) in the kernel; the bundle's per-region log says
+        # which copy ran each region, so the stack list needs only the sums.
+        stats: dict[int, tuple[int, int]] = {}
+        for k, v in bpf["pystack_stats"].items():
+            regions, region_ns = stats.get(k.stack, (0, 0))
+            stats[k.stack] = (regions + v.regions, region_ns + v.region_ns)
         raw = {k.value: v for k, v in bpf["pystacks"].items()}
         resolver = CodeResolver(self.pid, self.layout)
         sources = SourceLines(self.pid)

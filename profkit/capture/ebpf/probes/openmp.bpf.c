@@ -42,13 +42,14 @@ static inline void count_entry(void) {
         __sync_fetch_and_add(entries, 1);
 }
 
-// The dispatching thread's Python stack, counted as one more region of it.
-static inline u64 region_stack(void) {
+// The dispatching thread's Python stack, counted as one more region of it in this runtime copy.
+static inline u64 region_stack(u32 runtime) {
 #ifdef PYSTACK
     u64 stack = walk_python(1);
     if (stack) {
+        struct pystack_key key = {stack, runtime, 0};
         struct pystack_stats fresh = {};
-        struct pystack_stats *stats = pystack_stats.lookup_or_try_init(&stack, &fresh);
+        struct pystack_stats *stats = pystack_stats.lookup_or_try_init(&key, &fresh);
         if (stats)
             __sync_fetch_and_add(&stats->regions, 1);
     }
@@ -62,7 +63,7 @@ static inline u64 region_stack(void) {
 // of 0, __kmpc_fork_call, which has no such argument).
 static inline int region_entry(u32 runtime, u32 requested) {
     u32 tid = bpf_get_current_pid_tgid();
-    struct region_start start = {bpf_ktime_get_ns(), region_stack(), requested, runtime};
+    struct region_start start = {bpf_ktime_get_ns(), region_stack(runtime), requested, runtime};
     open_regions.update(&tid, &start);
     count_entry();
     u64 *mine = runtime_entries.lookup(&runtime);
@@ -81,7 +82,8 @@ int on_region_return(struct pt_regs *ctx) {
     open_regions.delete(&tid);
 #ifdef PYSTACK
     if (r.stack) {
-        struct pystack_stats *stats = pystack_stats.lookup(&r.stack);
+        struct pystack_key key = {r.stack, r.runtime, 0};
+        struct pystack_stats *stats = pystack_stats.lookup(&key);
         if (stats)
             __sync_fetch_and_add(&stats->region_ns, now - r.start_ns);
     }

@@ -24,12 +24,20 @@ struct pystack_stats {
     u64 region_ns;
 };
 
+// Counted per stack and per runtime copy: a reader of the counters alone (watch) must not mix
+// an OpenBLAS pool's regions into an OpenMP pool's call sites.
+struct pystack_key {
+    u64 stack;
+    u32 runtime;
+    u32 pad;
+};
+
 // Filled by profkit from the interpreter's thread list: the "current thread" globals are NULL
 // while torch runs an op with the GIL released, which is when regions start.
 BPF_HASH(tstates, u32, u64, 16384);
 BPF_PERCPU_ARRAY(pystack_scratch, struct pystack, 1);
 BPF_HASH(pystacks, u64, struct pystack, 16384);
-BPF_HASH(pystack_stats, u64, struct pystack_stats, 16384);
+BPF_HASH(pystack_stats, struct pystack_key, struct pystack_stats, 16384);
 // 0 walked, 1 thread without a known thread state, 2 a read failed, 3 stack truncated,
 // 4 no Python frame
 BPF_ARRAY(walk_counts, u64, 5);
