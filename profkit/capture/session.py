@@ -42,6 +42,7 @@ from .collectors.base import CaptureContext, CaptureOptions, Collector
 from .collectors.cgroupstat import CgroupCollector
 from .collectors.procstat import ProcCollector
 from .collectors.pyspy import PySpyCollector
+from .ebpf.collector import EbpfCollector
 from .registry import ALL_COLLECTORS, REGISTRY
 from .runs import RunRecord, target_lock
 from .signals import stop_on_signals, teardown_shielded
@@ -253,6 +254,9 @@ class Session:
             if "pyspy" in self.running and request.options.pyspy_mode != "nonblocking":
                 attach_stop_s = wait_until_attached(request.target, clock, stop)
             settle_s = wait_for_tools_to_settle(self.record, clock, stop)
+            ebpf = self._running("ebpf", EbpfCollector)
+            if ebpf is not None:
+                ebpf.wait_started(stop)
             status, reason = "complete", ""
             start = clock()
             tools_cpu_start = tools_cpu_by_process(self.record)

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import json
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -161,6 +162,9 @@ class EbpfCollector:
         self._hit_s: dict[int, float] = {}  # each probed copy's trap cost per region
         self.probed_runtimes: list[dict[str, object]] = []
         self.regions_detached = False
+        # The region-rate check runs while the other tools settle; the window waits for it.
+        self._judged = threading.Event()
+        self._judged.set()
         self._sampling = False
         self.lost = {"slices": 0, "regions": 0}
         self.attached: list[str] = []
@@ -192,12 +196,28 @@ class EbpfCollector:
         )
         self._load(program, flags, sample=True)
         if self._region_probes:
-            try:
-                self._judge_region_rate(context, context.clock(), self._entries_by_copy())
-            except Exception:
-                self.cleanup()
-                raise
+            self._judged.clear()
+            threading.Thread(
+                target=self._judge_in_background,
+                args=(context, context.clock(), self._entries_by_copy()),
+                name="profkit-region-rate",
+                daemon=True,
+            ).start()
         self._start_ns = context.clock()
+
+    def wait_started(self, stop: threading.Event) -> None:
+        """Return once the region-rate check has decided whether the region probes stay, so
+        that the window holds one set of probes from start to end (or at a Ctrl-C)."""
+        while not self._judged.wait(0.05) and not stop.is_set():
+            pass
+
+    def _judge_in_background(self, context: CaptureContext, start: int, before: dict) -> None:
+        try:
+            self._judge_region_rate(context, start, before)
+        except Exception as exc:  # a failed check must not leave probes of unknown cost on
+            self._detach_regions(f"OpenMP region probes detached: the rate check failed: {exc}")
+        finally:
+            self._judged.set()
 
     def load_counters(self, target: Target, python_stacks: bool = True) -> None:
         """For a long-running reader (profkit watch): the walker and every runtime copy's
@@ -357,6 +377,9 @@ class EbpfCollector:
             f"per region, over their {100 * budget:g}% share of the budget; attribution falls "
             "back to py-spy's native stacks"
         )
+        self._detach_regions(reason)
+
+    def _detach_regions(self, reason: str) -> None:
         self.region_decision["reason"] = reason
         self.warnings.append(reason)
         # Only the region probes go: the walker's sampler stays on the same program.
@@ -386,6 +409,7 @@ class EbpfCollector:
 
     def stop(self) -> CollectorResult:
         assert self._context is not None
+        self._judged.wait(timeout=5)  # a window cut short by a signal may end before the check
         end_ns = self._context.clock()
         payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
         # Off-CPU time per (Python stack, thread); the intervals still open at the window's end
@@ -527,6 +551,7 @@ class EbpfCollector:
 
     def cleanup(self) -> None:
         """Detach every probe; safe to call more than once."""
+        self._judged.wait(timeout=5)  # the rate check reads and detaches the region probes
         if self.walker is not None:
             self.walker.halt()
         self._sched_bpf = self._openmp_bpf = None
