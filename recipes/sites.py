@@ -64,8 +64,18 @@ def one_round(dispatch):
 def gomp_library():
     """torch's bundled libgomp where this project's environment has it, else the system's."""
     spec = importlib.util.find_spec("torch")  # found, not imported: torch would start its pool
-    for where in spec.submodule_search_locations if spec else []:
-        for lib in sorted(glob.glob(os.path.join(where, "lib", "libgomp*.so*"))):
+    places = (
+        [os.path.join(where, "lib") for where in (spec.submodule_search_locations or [])]
+        if spec
+        else []
+    )
+    # Run by another interpreter (the walker's version tests), torch is this checkout's.
+    here = os.path.dirname(os.path.abspath(__file__))
+    places.append(
+        os.path.join(here, "..", ".venv", "lib", "python3*", "site-packages", "torch", "lib")
+    )
+    for place in places:
+        for lib in sorted(glob.glob(os.path.join(place, "libgomp*.so*"))):
             return lib
     name = ctypes.util.find_library("gomp")  # a soname: the path is where the loader put it
     if name is None:
