@@ -26,7 +26,7 @@ from ...host.target import Runtime, Target
 from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
 from ..clock import Clock
 from ..collectors.base import Availability, CaptureContext
-from .loader import BccUnavailable, BpfProgram, load_bcc
+from .loader import BccUnavailable, BpfProgram, detach_uprobes, load_bcc
 from .pywalk import PythonWalker
 from .regions import RuntimeProbes, find_probes, handler_source, probeable
 
@@ -557,6 +557,8 @@ class EbpfCollector:
         self._sched_bpf = self._openmp_bpf = None
         while self._bpf:
             bpf = self._bpf.pop()
+            with contextlib.suppress(Exception):
+                detach_uprobes(bpf)
             with contextlib.suppress(Exception):
                 bpf.cleanup()
 
