@@ -7,7 +7,7 @@ import sys
 import click
 
 from . import __version__
-from .commands import COMMANDS
+from .commands import LazyGroup
 from .errors import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -18,14 +18,10 @@ from .errors import (
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="profkit")
 def cli() -> None:
     """Native-level profiling of PyTorch CPU thread-pool fanout on live processes."""
-
-
-for command in COMMANDS:
-    cli.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> None:
