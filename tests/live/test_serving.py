@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from recipes.launch import join_quota
+from recipes.launch import attach_args, join_quota
 from recipes.mm_serving.load import run_load
 from recipes.mm_serving.model import VisionStep, decode_ppm, make_image, preprocess, summary
 
-from ..support import ROOT
+from ..support import ROOT, run_profkit
 from ..watch_support import free_port
 
 
@@ -139,3 +139,59 @@ def test_steady_load_ends_when_the_server_is_gone() -> None:
     )
     assert load.returncode == 0, load.stderr
     assert load.stdout.splitlines()[0].startswith("progress done=0 ")
+
+
+def test_serving_front_regions_carry_their_python_stack(tmp_path: Path) -> None:
+    """The serving front copies each request's image into shared memory from its handler
+    threads: at default settings, every region the front's pool runs carries the Python stack
+    that dispatched it (the eBPF walker), and the copy line is the pool's top site."""
+    port = free_port()
+    front = subprocess.Popen(
+        [sys.executable, "-u", "-m", "recipes.mm_serving.front", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    load = None
+    try:
+        assert front.stdout is not None
+        assert front.stdout.readline().startswith("ready")
+        url = f"http://127.0.0.1:{port}"
+        # One client at a time: a server's pace, a few hundred regions a second, where the
+        # region probes fit their share of the budget (the region-rate check is tested apart).
+        load = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "recipes.mm_serving.load",
+                "--url",
+                url,
+                "--steady",
+                "--concurrency",
+                "1",
+                "--image-size",
+                "256",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
+        time.sleep(3)  # the server warm and the load steady
+        out = tmp_path / "b"
+        captured = run_profkit(*attach_args(front.pid, duration=4.0, out=out, report=False))
+        assert captured.returncode == 0, captured.stderr
+        reported = run_profkit("report", str(out), "--format", "json")
+        assert reported.returncode == 0, reported.stderr
+        report = json.loads(reported.stdout)
+        pool = next(p for p in report["pools"] if p["runtime"] == "openmp")
+        assert pool["regions"] > 0 and pool["regions_with_stack"] >= 0.99 * pool["regions"], pool
+        rows = [r for r in report["attribution"] if r["pool"] == "openmp"]
+        assert rows and rows[0]["method"] == "stack", rows
+        assert all(r["method"] == "stack" for r in rows), rows
+        # The case's copy into shared memory is one of the sites, placed by its own stack.
+        assert any(r["function"].startswith("to_shared_mem") for r in rows), rows
+    finally:
+        if load is not None:
+            load.terminate()
+            load.wait(timeout=30)
+        front.send_signal(2)
+        front.wait(timeout=30)
