@@ -36,14 +36,7 @@ def profkit(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """run_profkit without writing bytecode next to the code."""
-    return subprocess.run(
-        [sys.executable, "-m", "profkit", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})},
-    )
+    return run_profkit(*args, timeout=timeout, env={"PYTHONDONTWRITEBYTECODE": "1", **(env or {})})
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
