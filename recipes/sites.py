@@ -8,6 +8,8 @@ names call sites must find them in that ratio.
 --pool gomp: the region is a bare GOMP_parallel(free, NULL, threads) through ctypes on torch's
 libgomp (or the system's), with no import but the standard library, so that the recipe runs
 under any CPython.
+--pool gomp-system: as gomp, on the system's libgomp (Debian's libgomp1), whose code has another
+shape than torch's copy.
 --pool gomp2: as gomp, but `site_three` dispatches through a second copy of libgomp (a copy of
 the file under another name, as a package that bundles its own runtime brings one), so the
 process maps two copies and both run regions.
@@ -61,8 +63,10 @@ def one_round(dispatch):
         helper_outer(dispatch)
 
 
-def gomp_library():
+def gomp_library(system=False):
     """torch's bundled libgomp where this project's environment has it, else the system's."""
+    if system:
+        return system_gomp()
     spec = importlib.util.find_spec("torch")  # found, not imported: torch would start its pool
     places = (
         [os.path.join(where, "lib") for where in (spec.submodule_search_locations or [])]
@@ -77,6 +81,10 @@ def gomp_library():
     for place in places:
         for lib in sorted(glob.glob(os.path.join(place, "libgomp*.so*"))):
             return lib
+    return system_gomp()
+
+
+def system_gomp():
     name = ctypes.util.find_library("gomp")  # a soname: the path is where the loader put it
     if name is None:
         return None
@@ -118,7 +126,7 @@ def make_dispatch(pool, threads, megabytes):
 
         left, right = numpy.random.rand(400, 400), numpy.random.rand(400, 400)
         return [functools.partial(numpy.matmul, left, right)]
-    path = gomp_library()
+    path = gomp_library(system=pool == "gomp-system")
     if not path:
         raise SystemExit("no libgomp found")
     dispatch = [gomp_dispatch(path, threads)]
@@ -138,7 +146,9 @@ def run(dispatch, stop, rounds_per_s, counter):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pool", choices=["torch", "gomp", "gomp2", "blas"], default="torch")
+    parser.add_argument(
+        "--pool", choices=["torch", "gomp", "gomp-system", "gomp2", "blas"], default="torch"
+    )
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--mb", type=float, default=48.0, help="copy size (--pool torch)")
     parser.add_argument("--rounds-per-s", type=float, default=0.0, help="0: as fast as it can")

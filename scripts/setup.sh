@@ -8,8 +8,9 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 APT_PACKAGES=(linux-perf bpfcc-tools python3-bpfcc linux-headers-amd64 binutils)
 # The real consumers the tests hand profkit's outputs to: a browser, Go's pprof, speedscope,
-# Prometheus (and its promtool) for `watch`'s metrics and alert rules, tmux for `top`'s screen.
-TEST_APT_PACKAGES=(chromium golang-go nodejs npm prometheus tmux)
+# Prometheus (and its promtool) for `watch`'s metrics and alert rules, tmux for `top`'s screen;
+# gcc brings Debian's libgomp1, a second shape of OpenMP runtime for the region probes.
+TEST_APT_PACKAGES=(chromium gcc golang-go nodejs npm prometheus tmux)
 WITH_TEST_TOOLS=0
 [ "${1:-}" = "--test" ] && WITH_TEST_TOOLS=1
 

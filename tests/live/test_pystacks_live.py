@@ -16,6 +16,7 @@ pytestmark = pytest.mark.root
 
 PYENV = Path(os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))) / "versions"
 SITES = {"site_one": 1, "site_two": 2, "site_three": 3}
+SYSTEM_LIBGOMP = Path("/usr/lib/x86_64-linux-gnu/libgomp.so.1")  # gcc's dependency, libgomp1
 
 
 def line_of(needle: str) -> int:
@@ -259,3 +260,32 @@ def test_offcpu_python_stacks_without_pyspy(start_recipe, tmp_path: Path) -> Non
     window = json.loads((out / "manifest.json").read_text())["window"]
     seconds = (window["end_ns"] - window["start_ns"]) / 1e9
     assert waits >= 0.8 * seconds, (waits, seconds)
+
+
+def test_system_libgomp_regions_end_at_the_team_barrier(start_recipe, tmp_path: Path) -> None:
+    """Debian's libgomp1 has GOMP_parallel_end inlined and a tail call to free() at the end: its
+    regions still end at the cheap team-barrier point, every one seen to its end, in the
+    sites' 1:2:3 ratio."""
+    recipe = start_recipe("sites.py", "--pool", "gomp-system", "--rounds-per-s", "50", warmup=0.5)
+    captured = attach(recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=2.0)
+    assert captured.returncode == 0, captured.stderr
+    ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
+    (runtime,) = ebpf["runtimes"]
+    assert Path(runtime["path"]).resolve() == SYSTEM_LIBGOMP.resolve(), runtime
+    assert runtime["end"] == "team barrier", runtime
+    assert not any(a.startswith("uretprobe") for a in ebpf["attached"]), ebpf["attached"]
+    regions = len(ebpf["regions"]["tid"])
+    assert regions > 100 and ebpf["region_entries"] - regions <= 1, (
+        ebpf["region_entries"],
+        regions,
+    )
+    stacks = python_part(tmp_path / "b")["stacks"]
+    per_site: dict[str, int] = {}
+    for index in ebpf["regions"]["stack"]:
+        site = stacks[index]["frames"][-1]["function"]
+        per_site[site] = per_site.get(site, 0) + 1
+    assert set(per_site) == set(SITES), per_site
+    rounds = per_site["site_one"]
+    # The window cuts at most one round at each end.
+    for site, share in SITES.items():
+        assert abs(per_site[site] - share * rounds) <= 2 * share, per_site

@@ -10,7 +10,21 @@ from profkit.capture.ebpf import probe_points, returns
 
 torch = pytest.importorskip("torch")
 LIBGOMP = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
-needs_libgomp = pytest.mark.skipif(not LIBGOMP, reason="this torch build bundles no libgomp")
+# Debian's libgomp1 (a dependency of gcc): GOMP_parallel_end is inlined into GOMP_parallel there,
+# and gomp_team_end ends in a tail call to free() through the PLT.
+SYSTEM_LIBGOMP = Path("/usr/lib/x86_64-linux-gnu/libgomp.so.1")
+BOTH = [
+    pytest.param(LIBGOMP[0] if LIBGOMP else None, id="torch"),
+    pytest.param(SYSTEM_LIBGOMP, id="debian"),
+]
+
+
+def present(path: Path | None) -> str:
+    """The library's path; the Debian one is installed by scripts/setup.sh (gcc)."""
+    if path is None:
+        pytest.skip("this torch build bundles no libgomp")
+    assert path.exists(), f"{path} missing: scripts/setup.sh --test installs gcc, which brings it"
+    return str(path)
 
 
 @pytest.mark.parametrize(
@@ -35,9 +49,9 @@ def test_which_instructions_the_kernel_emulates(instruction: str, emulated: bool
     assert probe_points.is_emulated(instruction) is emulated
 
 
-@needs_libgomp
-def test_entry_point_is_the_emulated_instruction_after_endbr64() -> None:
-    path = str(LIBGOMP[0])
+@pytest.mark.parametrize("library", BOTH)
+def test_entry_point_is_the_emulated_instruction_after_endbr64(library: Path | None) -> None:
+    path = present(library)
     symbol = returns.symbol_address(path, "GOMP_parallel")
     point = probe_points.entry_point(path, "GOMP_parallel")
     assert symbol is not None and point is not None
@@ -48,9 +62,9 @@ def test_entry_point_is_the_emulated_instruction_after_endbr64() -> None:
     assert point.address == code[1][0] and probe_points.is_emulated(point.instruction)
 
 
-@needs_libgomp
-def test_region_end_is_a_branch_after_the_team_barrier_call() -> None:
-    path = str(LIBGOMP[0])
+@pytest.mark.parametrize("library", BOTH)
+def test_region_end_is_a_branch_after_the_team_barrier_call(library: Path | None) -> None:
+    path = present(library)
     point = probe_points.gomp_region_end(path)
     assert point is not None
     assert point.instruction.startswith("j") and probe_points.is_emulated(point.instruction)
@@ -60,9 +74,14 @@ def test_region_end_is_a_branch_after_the_team_barrier_call() -> None:
     before = [i for a, i in returns.disassemble(path, *extent) if a < point.address]
     assert any(i.startswith("call") for i in before)
     assert not any(i.startswith(("j", "ret")) for i in before)
-    # And that function holds a return of GOMP_parallel.
+    # And that function holds a way out of GOMP_parallel (a `ret`, or a tail call to free()).
     ends = returns.return_sites(path, "GOMP_parallel") or []
     assert any(extent[0] <= r < extent[1] for r in ends)
+    # The barrier call is the function's first call, and GOMP_parallel never returns by itself.
+    start = returns.symbol_address(path, "GOMP_parallel")
+    assert start is not None
+    own = returns.extent_of(start, returns.function_extents(path))
+    assert own is not None and not any(own[0] <= r < own[1] for r in ends)
 
 
 def test_other_code_gives_no_point(tmp_path: Path) -> None:

@@ -12,12 +12,15 @@ Entry: a function built with CET starts with `endbr64`, which is not emulated; t
 after it runs on every call with the arguments still in their registers, so the probe goes there
 when that one is emulated.
 
-End: libgomp's GOMP_parallel hands over to GOMP_parallel_end, which calls or jumps to one
-function, gomp_team_end, whose first act is the team's final barrier. The branch that closes
-that function's first block runs once the barrier returns, on every path, and a branch is
-emulated. Anything that does not match this shape gives None, and the caller falls back to the
-`ret` instructions (returns.py); the collector also counts entries against ends, so a
-path that bypassed the chosen point would show as regions without an end.
+End: libgomp's GOMP_parallel hands over to GOMP_parallel_end, which reaches one function,
+gomp_team_end, whose first act is the team's final barrier. The branch that closes that
+function's first block runs once the barrier returns, on every path, and a branch is emulated.
+Two shapes are known: torch's bundled copy jumps to GOMP_parallel_end, which calls or jumps
+to gomp_team_end; Debian's libgomp1 has GOMP_parallel_end inlined, and GOMP_parallel jumps
+either to gomp_team_end or to a local function whose only way on is gomp_team_end. Anything
+else gives None, and the caller falls back to the `ret` instructions (returns.py); the
+collector also counts entries against ends, so a path that bypassed the chosen point would show
+as regions without an end.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .returns import (
     disassemble,
     extent_of,
     function_extents,
+    is_return,
     symbol_address,
 )
 
@@ -105,20 +109,48 @@ def _gomp_region_end(path: str) -> ProbePoint | None:
     parallel_end = symbol_address(path, "GOMP_parallel_end")
     if parallel is None or parallel_end is None:
         return None
-    found = _code(path, parallel)
-    if found is None or parallel_end not in set(_targets(found[1], found[0])):
-        return None
     found = _code(path, parallel_end)
     if found is None:
         return None
-    handed_to = set(_targets(found[1], found[0]))
-    if len(handed_to) != 1:
+    parts = set(_targets(found[1], found[0]))
+    team_end = _common_end(path, parts)
+    if team_end is None:
         return None
-    found = _code(path, handed_to.pop())
+    # Every way out of GOMP_parallel must lead there: tail jumps into GOMP_parallel_end or its
+    # parts, and no `ret` of its own.
+    found = _code(path, parallel)
+    if found is None:
+        return None
+    code, extent = found[1], found[0]
+    if any(is_return(instruction) for _, instruction in code):
+        return None
+    exits = set(_jumps_out(code, extent))
+    if not exits or not exits <= parts | {parallel_end}:
+        return None
+    return _first_branch_after_call(path, team_end)
+
+
+def _common_end(path: str, parts: set[int]) -> int | None:
+    """The one function of `parts` that every other one goes on to and nowhere else."""
+    for candidate in parts:
+        others = parts - {candidate}
+        if all(_outgoing(path, other) == {candidate} for other in others):
+            return candidate
+    return None
+
+
+def _outgoing(path: str, address: int) -> set[int] | None:
+    found = _code(path, address)
+    return None if found is None else set(_targets(found[1], found[0]))
+
+
+def _first_branch_after_call(path: str, address: int) -> ProbePoint | None:
+    """The emulated branch closing the function's first block, once a call has returned."""
+    found = _code(path, address)
     if found is None:
         return None
     calls = 0
-    for address, instruction in found[1]:
+    for where, instruction in found[1]:
         mnemonic = instruction.split()[0] if instruction else ""
         if DIRECT_CALL.match(instruction):
             calls += 1
@@ -126,9 +158,19 @@ def _gomp_region_end(path: str) -> ProbePoint | None:
             # The first block ends here: it must have waited on the barrier (a call) and end
             # in a branch the kernel emulates.
             if calls and is_emulated(instruction) and not mnemonic.startswith("call"):
-                return ProbePoint(address, instruction)
+                return ProbePoint(where, instruction)
             return None
     return None
+
+
+def _jumps_out(code: list[tuple[int, str]], extent: tuple[int, int]) -> list[int]:
+    """Direct jump targets outside the function: its tail calls."""
+    out = []
+    for _, instruction in code:
+        match = DIRECT_JUMP.match(instruction)
+        if match and not extent[0] <= int(match.group(1), 16) < extent[1]:
+            out.append(int(match.group(1), 16))
+    return out
 
 
 def _targets(code: list[tuple[int, str]], extent: tuple[int, int]) -> list[int]:

@@ -8,7 +8,9 @@ marks the same moment without touching the stack.
 
 libgomp's GOMP_parallel ends in `jmp GOMP_parallel_end`, which itself may `jmp` into a static
 gomp_team_end, so returns are collected across tail jumps; function extents come from the
-.eh_frame FDEs, which cover static functions that have no symbol. Any jump that cannot be
+.eh_frame FDEs, which cover static functions that have no symbol. A tail jump into the PLT
+leaves the library for good (Debian's libgomp1 ends gomp_team_end in `jmp free@plt`): the jump
+itself is then the exit, and a direct jump is cheap to probe. Any other jump that cannot be
 followed (indirect, or to code without an FDE) makes the answer None: the caller then falls back
 to a uretprobe rather than miss a return.
 """
@@ -28,6 +30,10 @@ MAX_FUNCTIONS = 8
 
 # What a failed or missing binutils tool raises here.
 TOOL_ERRORS = (subprocess.CalledProcessError, OSError)
+
+
+SECTION = re.compile(r"\]\s+(\S+)\s+\S+\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)")
+PLT_SECTIONS = (".plt", ".plt.got", ".plt.sec")
 
 
 def _output(*args: str) -> str:
@@ -58,6 +64,27 @@ def _functions(path: str, size: int, mtime_ns: int) -> dict[str, int]:
         if len(fields) >= 8 and fields[3] == "FUNC":
             functions.setdefault(fields[7].split("@")[0], int(fields[1], 16))
     return functions
+
+
+@lru_cache(maxsize=16)
+def _plt(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, int], ...]:
+    """Address ranges of the PLT sections: stubs that jump to other libraries."""
+    ranges = []
+    for line in _output("readelf", "-SW", path).splitlines():
+        match = SECTION.search(line)
+        if match and match.group(1) in PLT_SECTIONS:
+            start, length = int(match.group(2), 16), int(match.group(3), 16)
+            ranges.append((start, start + length))
+    return tuple(sorted(ranges))
+
+
+def plt_ranges(path: str) -> list[tuple[int, int]]:
+    return list(_plt(*_identity(path)))
+
+
+def is_return(instruction: str) -> bool:
+    mnemonic = instruction.split()[0] if instruction else ""
+    return mnemonic in ("ret", "retq") or instruction.startswith(("rep ret", "repz ret"))
 
 
 def function_extents(path: str) -> list[tuple[int, int]]:
@@ -97,10 +124,12 @@ def disassemble(path: str, start: int, end: int) -> list[tuple[int, str]]:
 
 
 def return_sites(path: str, symbol: str) -> list[int] | None:
-    """Virtual addresses of every `ret` reached from `symbol`; None when unsure."""
+    """Virtual addresses of every `ret` reached from `symbol`, and of every tail jump from there
+    into the PLT; None when unsure."""
     try:
         entry = symbol_address(path, symbol)
         extents = function_extents(path)
+        plt = plt_ranges(path)
     except TOOL_ERRORS:
         return None
     if entry is None:
@@ -121,13 +150,15 @@ def return_sites(path: str, symbol: str) -> list[int] | None:
             return None
         for address, instruction in code:
             mnemonic = instruction.split()[0] if instruction else ""
-            if mnemonic in ("ret", "retq") or instruction.startswith(("rep ret", "repz ret")):
+            if is_return(instruction):
                 returns.append(address)
             elif mnemonic.startswith("j"):
                 jump = DIRECT_JUMP.match(instruction)
                 if jump is None:
                     return None  # an indirect jump: it may leave the function
                 target = int(jump.group(1), 16)
-                if not extent[0] <= target < extent[1]:
+                if extent_of(target, plt) is not None:
+                    returns.append(address)  # a tail call out of the library
+                elif not extent[0] <= target < extent[1]:
                     pending.append(target)
     return sorted(returns) or None
