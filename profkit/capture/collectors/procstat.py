@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from pathlib import Path
 
 from ...bundle.parts import PROC, CollectorResult
 from ...bundle.safefile import write_new
@@ -36,14 +35,14 @@ THREAD_READS_PER_S = 200
 SWITCHES_EVERY = 5
 
 
-def read_switches(base: Path) -> tuple[int, int]:
+def parse_switches(text: str) -> tuple[int, int]:
+    """Voluntary and involuntary context switches from a status file's text."""
     vcsw = nvcsw = -1
-    with open(base / "status") as status:
-        for line in status:
-            if line.startswith("voluntary_ctxt_switches"):
-                vcsw = int(line.split()[1])
-            elif line.startswith("nonvoluntary_ctxt_switches"):
-                nvcsw = int(line.split()[1])
+    for line in text.splitlines():
+        if line.startswith("voluntary_ctxt_switches"):
+            vcsw = int(line.split()[1])
+        elif line.startswith("nonvoluntary_ctxt_switches"):
+            nvcsw = int(line.split()[1])
     return vcsw, nvcsw
 
 
@@ -61,7 +60,7 @@ class ProcCollector:
         self._sampler: PeriodicSampler | None = None
         self._full_every = 1
         self._schedstat = True
-        self._fds: dict[tuple[int, str], int] = {}
+        self._fds: dict[tuple[int | None, str], int] = {}
 
     def available(self, target: Target) -> Availability:
         if os.access(procfs.task_dir(target.pid) / "task", os.R_OK):
@@ -81,47 +80,45 @@ class ProcCollector:
         if full is None:
             full = len(self.process_rows) % self._full_every == 0
         try:
-            process = procfs.read_stat(pid)
+            process = procfs.parse_stat(self._read(pid, None, "stat"))
             tids = procfs.list_tids(pid) if full else [pid]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             return False  # the target exited
         self.process_rows.append((now_ns, process.utime_ticks, process.stime_ticks))
         read_switches_now = full and len(self.full_t_ns) % SWITCHES_EVERY == 0
         for tid in tids:
-            base = procfs.task_dir(pid, tid)
             try:
-                stat = procfs.parse_stat(self._read(pid, tid, "stat"))
+                text = self._read(pid, tid, "stat")
+                state, utime, stime, cpu = procfs.stat_counters(text)
                 runtime_ns = self._runtime(pid, tid) if full and self._schedstat else -1
-                vcsw, nvcsw = read_switches(base) if read_switches_now else (-1, -1)
+                vcsw, nvcsw = (
+                    parse_switches(self._read(pid, tid, "status"))
+                    if read_switches_now
+                    else (-1, -1)
+                )
             except (FileNotFoundError, ProcessLookupError):
                 continue  # the thread exited between listing and reading
             if runtime_ns == 0 and len(self.full_t_ns) > 2:
                 self._schedstat = False  # the kernel does not keep it: stop reading it
-            self.names.setdefault(tid, stat.comm)
+            if tid not in self.names:
+                self.names[tid] = procfs.parse_stat(text).comm
             self.rows.append(
-                (
-                    now_ns,
-                    tid,
-                    stat.utime_ticks,
-                    stat.stime_ticks,
-                    runtime_ns,
-                    ord(stat.state[0]),
-                    vcsw,
-                    nvcsw,
-                    stat.processor,
-                )
+                (now_ns, tid, utime, stime, runtime_ns, ord(state[0]), vcsw, nvcsw, cpu)
             )
         if full:
             self.full_t_ns.append(now_ns)
+        if full and len(self._fds) > 3 * len(tids) + 8:  # stat, schedstat, status each
+            self._forget_exited(set(tids))
         return True
 
-    def _read(self, pid: int, tid: int, name: str) -> str:
-        """A thread's /proc file through a descriptor kept open: re-reading an open /proc file
-        gives fresh values, and skipping an open and a close per thread per sample is CPU the
-        target keeps."""
+    def _read(self, pid: int, tid: int | None, name: str) -> str:
+        """A /proc file of the process (tid None) or of one thread, through a descriptor kept
+        open: re-reading an open /proc file gives fresh values, and skipping an open, a close
+        and a path per thread per sample is CPU the target keeps (this sampler was most of
+        profkit's own CPU in a window)."""
         fd = self._fds.get((tid, name))
         if fd is None:
-            fd = os.open(procfs.task_dir(pid, tid) / name, os.O_RDONLY)
+            fd = os.open(f"{procfs.task_dir(pid, tid)}/{name}", os.O_RDONLY)
             self._fds[(tid, name)] = fd
         try:
             text = os.pread(fd, 4096, 0).decode(errors="replace")
@@ -132,6 +129,13 @@ class ProcCollector:
             os.close(self._fds.pop((tid, name)))
             raise FileNotFoundError(f"thread {tid} is gone")
         return text
+
+    def _forget_exited(self, alive: set[int]) -> None:
+        """Close the files of threads that exited without a read noticing (a target that
+        starts and ends threads all the time would otherwise pile up descriptors)."""
+        for key in [k for k in self._fds if k[0] is not None and k[0] not in alive]:
+            with contextlib.suppress(OSError):
+                os.close(self._fds.pop(key))
 
     def _runtime(self, pid: int, tid: int) -> int:
         try:
