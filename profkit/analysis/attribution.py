@@ -213,6 +213,10 @@ def attribute(
             "or capture longer)"
             if probes or native.any()
             # Neither native frames nor region times: nothing can place a sample in a region.
+            else "the eBPF walker's on-CPU samples have no native frames and no OpenMP region "
+            "probe ran, so no sample can be placed inside a parallel region; the region probes "
+            "(a larger --budget) or py-spy's native stacks (--collectors adds pyspy) would"
+            if spans.source == "ebpf"
             else "py-spy sampled --nonblocking (no native frames) and no OpenMP region probe "
             "ran, so no sample can be placed inside a parallel region; --pyspy-mode native "
             "(stops the target per sample) or the eBPF region probes would"

@@ -212,6 +212,7 @@ class Session:
             request.clock,
             request.options,
             self.record.add_child,
+            request.collectors,
         )
         self.tools_cpu_before = tools_cpu_seconds(self.record)
         self._start_collectors(context)

@@ -20,6 +20,7 @@ from profkit.capture.budget import (
     default_rate,
     native_sample_cost_s,
     pyspy_stop_share,
+    region_probe_share,
     wilson_lower,
 )
 
@@ -59,6 +60,11 @@ def test_the_parts_of_the_budget_add_up_to_it() -> None:
     assert pyspy_stop_share(probes=True) == PYSPY_STOP_SHARE
     assert pyspy_stop_share(probes=False) + PYSPY_CPU_SHARE + FIXED_SHARE == pytest.approx(1.0)
     assert default_rate(9, 0.02, cpus=2, stop_share=pyspy_stop_share(probes=False)) == 4
+    # Without py-spy, the region probes may take its parts, and no more.
+    assert region_probe_share(pyspy=True) == REGION_PROBE_SHARE
+    assert region_probe_share(pyspy=False) + SCHED_TRACE_SHARE + FIXED_SHARE == pytest.approx(1.0)
+    # The serving front with 64 threads: 916 regions a second at 3.4 us each fit only then.
+    assert REGION_PROBE_SHARE * 0.02 < 916 * 3.4e-6 <= region_probe_share(pyspy=False) * 0.02
 
 
 def test_default_rate_fits_pyspy_cpu_into_its_share_of_the_machine() -> None:

@@ -45,6 +45,8 @@ class CaptureContext:
     options: CaptureOptions = field(default_factory=CaptureOptions)
     # Every child tool's pid is recorded, so that a later run can clean up after a killed one.
     register_child: Callable[[int], None] = lambda pid: None
+    # The capture's collector set: a collector's part of the budget depends on who else runs.
+    collectors: tuple[str, ...] = ()
 
 
 @runtime_checkable

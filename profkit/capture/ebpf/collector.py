@@ -23,7 +23,7 @@ from ...bundle.parts import EBPF, CollectorResult
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Runtime, Target
-from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
+from ..budget import SCHED_TRACE_SHARE, region_probe_share, sched_trace_share
 from ..clock import Clock
 from ..collectors.base import Availability, CaptureContext
 from .loader import BccUnavailable, BpfProgram, detach_uprobes, load_bcc
@@ -362,7 +362,8 @@ class EbpfCollector:
         rate = sum(rates.values())
         share = sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
         per_region_s = share / rate if rate else max(self._hit_s.values(), default=0.0) + walk_s
-        budget = REGION_PROBE_SHARE * context.options.budget.overhead_share
+        pyspy = "pyspy" in context.collectors
+        budget = region_probe_share(pyspy) * context.options.budget.overhead_share
         self.region_decision = {
             "traced": share <= budget,
             "regions_per_s": round(rate),
@@ -374,8 +375,12 @@ class EbpfCollector:
         reason = (
             f"OpenMP region probes detached: the target started {rate:,.0f} regions a second, "
             f"~{100 * share:.1f}% of its dispatching thread at {1e6 * per_region_s:.1f} us "
-            f"per region, over their {100 * budget:g}% share of the budget; attribution falls "
-            "back to py-spy's native stacks"
+            f"per region, over their {100 * budget:.2g}% share of the budget; attribution "
+            + (
+                "falls back to py-spy's native stacks"
+                if pyspy
+                else "has no call site for the pool (py-spy's native stacks would give one)"
+            )
         )
         self._detach_regions(reason)
 
@@ -447,7 +452,7 @@ class EbpfCollector:
         if self._openmp_bpf is not None:
             # One snapshot of both counters, then the log up to it: the target goes on
             # starting regions while the log is read.
-            entries, ended = self._check_ends(self._openmp_bpf)
+            entries, ended = self._check_ends(self._openmp_bpf, warn=not self.regions_detached)
             stack_index: dict[int, int] = {}
             if self.walker is not None and self.walker.layout is not None:
                 python, stack_index = self.walker.read()
@@ -508,13 +513,14 @@ class EbpfCollector:
             },
         )
 
-    def _check_ends(self, bpf: BpfProgram) -> tuple[int, int]:
-        """Regions entered and ended so far; warns when ends went unseen."""
+    def _check_ends(self, bpf: BpfProgram, warn: bool = True) -> tuple[int, int]:
+        """Regions entered and ended so far; warns when ends went unseen (not after the probes
+        were detached: regions in flight then lose their ends, and the log is not read)."""
         entries = _entries(bpf)
         ended = int(bpf["region_count"][ctypes.c_int(0)].value)
         still_open = len(bpf["open_regions"])
         missed = entries - ended - still_open
-        if missed > max(5, entries // 100):
+        if warn and missed > max(5, entries // 100):
             self.warnings.append(
                 f"{missed} of {entries} OpenMP regions ended where the end probe did not see "
                 "them: region times are incomplete"
