@@ -3,8 +3,13 @@ dispatched it, on every supported CPython, and an interpreter it does not know f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,9 +127,18 @@ def test_dispatch_from_a_second_thread(start_recipe, tmp_path: Path) -> None:
     assert outer == {("Thread._bootstrap", "Thread._bootstrap_inner")}, outer
 
 
-@pytest.mark.parametrize("minor", ["3.10", "3.11", "3.12", "3.13"])
+# Debian's python3.11 links the interpreter into the executable: no libpython to find it in.
+STATIC_PYTHON = Path("/usr/bin/python3.11")
+
+
+@pytest.mark.parametrize("minor", ["3.10", "3.11", "3.12", "3.13", "3.11-static"])
 def test_every_supported_python(start_recipe, tmp_path: Path, minor: str) -> None:
-    python = interpreter(minor)
+    if minor.endswith("-static"):
+        assert STATIC_PYTHON.exists(), "Debian's python3.11 (bcc's own Python) is missing"
+        python: str | None = str(STATIC_PYTHON)
+        minor = minor.removesuffix("-static")
+    else:
+        python = interpreter(minor)
     if python is None:
         pytest.skip(f"no CPython {minor} installed")
     recipe = start_recipe(
@@ -289,3 +303,53 @@ def test_system_libgomp_regions_end_at_the_team_barrier(start_recipe, tmp_path: 
     # The window cuts at most one round at each end.
     for site, share in SITES.items():
         assert abs(per_site[site] - share * rounds) <= 2 * share, per_site
+
+
+def test_target_in_its_own_pid_namespace(tmp_path: Path) -> None:
+    """A containerised target: its interpreter knows its threads by the ids of its own PID
+    namespace (it is pid 1 there), the probes by ours; the walker joins them through NSpid."""
+    args = [str(RECIPES / "sites.py"), "--pool", "gomp", "--rounds-per-s", "50", "--thread"]
+    recipe = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-u", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=RECIPES.parent,
+    )
+    try:
+        assert recipe.stdout is not None
+        header = recipe.stdout.readline()
+        assert header.startswith("ready sites pid=1 "), header  # pid 1 in its namespace
+        children = Path(f"/proc/{recipe.pid}/task/{recipe.pid}/children").read_text().split()
+        (pid,) = map(int, children)
+        nspid = next(
+            line.split()[1:]
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if line.startswith("NSpid:")
+        )
+        assert nspid == [str(pid), "1"], nspid
+        time.sleep(0.5)
+        captured = attach(pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=2.0)
+        assert captured.returncode == 0, captured.stderr
+        part = python_part(tmp_path / "b")
+        assert part["walker"] == "on", part
+        ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
+        stacks = ebpf["regions"]["stack"]
+        assert len(stacks) > 100 and all(index >= 0 for index in stacks), len(stacks)
+        # The regions come from the second thread, known to the target by its inner id.
+        dispatchers = set(ebpf["regions"]["tid"])
+        assert len(dispatchers) == 1 and pid not in dispatchers, dispatchers
+        by_site: dict[str, int] = {}
+        for stack in (s for s in part["stacks"] if s["regions"]):
+            inner = stack["frames"][-1]["function"]
+            by_site[inner] = by_site.get(inner, 0) + stack["regions"]
+        assert set(by_site) == set(SITES), by_site
+        assert_ratio(by_site, 0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError, ValueError, OSError):
+            for child in Path(f"/proc/{recipe.pid}/task/{recipe.pid}/children").read_text().split():
+                os.kill(int(child), signal.SIGINT)
+        try:
+            recipe.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            recipe.kill()
+            recipe.wait()
