@@ -14,7 +14,9 @@ and the bare windows' own spread around their median, which is the noise floor o
 Configurations: bare | noop (an A/A control: a child process that only sleeps, then a window
 measured like a profiled one; its ratio shows the method's own bias) | pyspy-native-<N>hz
 (py-spy record --native --idle alone) | profkit-default[-nonblocking] |
-profkit-<collector>[+<collector>...][-<N>hz].
+profkit-<collector>[+<collector>...][-<N>hz], each profkit one optionally ending in -budget<P>
+(`--budget P`: profkit-default-budget0.3 is the default set with the region probes detached on
+the serving recipe at 64 threads, everything else as at the default 2%).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Config:
     collectors: str = ""  # "" = profkit's default set
     rate: str = ""  # py-spy rate ("" = profkit's default)
     mode: str = ""  # profkit's py-spy mode ("" = profkit's default)
+    budget: str = ""  # profkit's --budget in percent ("" = profkit's default)
 
 
 def parse_config(name: str) -> Config:
@@ -62,14 +65,16 @@ def parse_config(name: str) -> Config:
         return Config(name, "pyspy", rate=name.removeprefix("pyspy-native-").removesuffix("hz"))
     if not name.startswith("profkit-"):
         raise SystemExit(f"unknown configuration {name}")
-    rest, mode, rate = name.removeprefix("profkit-"), "", ""
+    rest, mode, rate, budget = name.removeprefix("profkit-"), "", "", ""
+    if "-budget" in rest:
+        rest, budget = rest.rsplit("-budget", 1)
     if rest.endswith("-nonblocking"):
         rest, mode = rest.removesuffix("-nonblocking"), "nonblocking"
     if rest.endswith("hz") and "-" in rest:
         rest, rate = rest.rsplit("-", 1)
         rate = rate.removesuffix("hz")
     collectors = "" if rest == "default" else rest.replace("+", ",")
-    return Config(name, "profkit", collectors, rate, mode)
+    return Config(name, "profkit", collectors, rate, mode, budget)
 
 
 @dataclass
@@ -227,6 +232,8 @@ def profile(config: Config, pid: int, seconds: float) -> tuple[int, int, str]:
             rate=config.rate or None,
             pyspy_mode=config.mode or None,
         )
+        if config.budget:
+            args += ["--budget", config.budget]
         subprocess.run(args, capture_output=True, check=False, cwd=ROOT)
         manifest = json.loads(Path(f"{scratch}/b/manifest.json").read_text())
         window = manifest["window"]

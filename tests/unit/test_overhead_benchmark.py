@@ -21,6 +21,10 @@ def test_configuration_names_parse_into_what_they_run() -> None:
     ebpf = overhead.parse_config("profkit-ebpf-20hz")
     assert (ebpf.collectors, ebpf.rate) == ("ebpf", "20")
     assert overhead.parse_config("noop").kind == "noop"
+    tight = overhead.parse_config("profkit-default-budget0.3")
+    assert (tight.collectors, tight.rate, tight.budget) == ("", "", "0.3")
+    both = overhead.parse_config("profkit-ebpf+proc-5hz-budget1")
+    assert (both.collectors, both.rate, both.budget) == ("ebpf,proc", "5", "1")
     with pytest.raises(SystemExit):
         overhead.parse_config("perf-everything")
 
