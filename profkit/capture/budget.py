@@ -58,9 +58,8 @@ FIXED_SHARE = 0.15
 def region_probe_share(pyspy: bool) -> float:
     """The OpenMP region probes' part of the budget. Without py-spy in the capture (the default
     where the eBPF walker runs) its parts are free, and the probes may have them: they are then
-    what places the pool's work under its Python call site, and nothing else would. (A serving
-    front with 64 threads started 916 regions a second, 0.31% of its dispatching thread at
-    3.4 us a region: over 15% of a 2% budget, within 65% of it.)"""
+    what places the pool's work under its Python call site, and nothing else would
+    (docs/results/overhead.md, "Serving at 64 threads": a serving front's rate)."""
     return REGION_PROBE_SHARE + (0.0 if pyspy else PYSPY_STOP_SHARE + PYSPY_CPU_SHARE)
 
 
