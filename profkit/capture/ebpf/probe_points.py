@@ -124,7 +124,7 @@ def _gomp_region_end(path: str) -> ProbePoint | None:
     code, extent = found[1], found[0]
     if any(is_return(instruction) for _, instruction in code):
         return None
-    exits = set(_jumps_out(code, extent))
+    exits = set(_targets(code, extent, calls=False))  # its tail calls
     if not exits or not exits <= parts | {parallel_end}:
         return None
     return _first_branch_after_call(path, team_end)
@@ -163,21 +163,11 @@ def _first_branch_after_call(path: str, address: int) -> ProbePoint | None:
     return None
 
 
-def _jumps_out(code: list[tuple[int, str]], extent: tuple[int, int]) -> list[int]:
-    """Direct jump targets outside the function: its tail calls."""
-    out = []
-    for _, instruction in code:
-        match = DIRECT_JUMP.match(instruction)
-        if match and not extent[0] <= int(match.group(1), 16) < extent[1]:
-            out.append(int(match.group(1), 16))
-    return out
-
-
-def _targets(code: list[tuple[int, str]], extent: tuple[int, int]) -> list[int]:
-    """Direct call and jump targets outside the function."""
+def _targets(code: list[tuple[int, str]], extent: tuple[int, int], calls: bool = True) -> list[int]:
+    """Direct jump (and, with calls, call) targets outside the function."""
     targets = []
     for _, instruction in code:
-        match = DIRECT_JUMP.match(instruction) or DIRECT_CALL.match(instruction)
+        match = DIRECT_JUMP.match(instruction) or (calls and DIRECT_CALL.match(instruction))
         if match:
             target = int(match.group(1), 16)
             if not extent[0] <= target < extent[1]:
