@@ -28,9 +28,9 @@ struct region {
 };
 
 // One element per dispatching thread, rewritten in place at each entry and closed (start_ns 0)
-// at the end: an update that allocates and a delete that frees cost each region two more hash
-// operations, and in a busy server every one of them misses the cache
-// (docs/results/ebpf-cost.md, "In place").
+// at the end: an update that allocates and a delete that frees would be two more hash operations
+// a region, and in a busy server hash lookups are the largest part of the program's cost
+// (docs/results/ebpf-cost.md, "In place: what the traps cost a busy server").
 BPF_HASH(open_regions, u32, struct region_start, 16384);
 BPF_HISTOGRAM(duration_us_log2, int, 64);
 BPF_ARRAY(region_log, struct region, REGION_CAPACITY);

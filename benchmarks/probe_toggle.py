@@ -1,0 +1,297 @@
+"""What the OpenMP region probes cost a live recipe, by switching them on and off every second
+(needs root and bcc).
+
+    sudo .venv/bin/python benchmarks/probe_toggle.py [--target serving] [--threads 64]
+        [--seconds 900] [--block 1] [--layouts aa,entry,end,both,traps] [--json FILE]
+
+benchmarks/overhead.py compares whole captures, a few windows of several seconds each; on the
+serving recipe two such windows a few seconds apart differ by 2-3% (their noise does not shrink
+with longer windows), so a few tenths of a percent cannot be told apart. Here the region program
+is loaded once and only its uprobes are attached and detached, which takes milliseconds, so
+short blocks alternate: bare, one layout, bare, the next layout, ... in a fresh shuffled order
+every cycle. Each layout block's ratio is its rate over the mean of the two bare blocks around
+it; the table gives the mean of those ratios with a bootstrap 95% interval, and the target's CPU
+per unit of work (request or copy) in each layout against the bare blocks.
+
+Layouts: aa (nothing attached: the A/A control) | entry (the entry probe with the Python stack
+walker) | end (the region-end probe alone; with no entry it finds no open region and returns)
+| both (entry with walker and end: what a capture attaches) | traps (both points, with programs
+that return at once: the traps alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from overhead import TARGETS
+
+from profkit.capture.ebpf.collector import OpenMPProgram
+from profkit.capture.ebpf.loader import load_bcc
+from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
+from profkit.capture.ebpf.pywalk import compile_flags
+from profkit.host.pyruntime import detect, thread_states
+from profkit.host.target import Runtime
+
+TRAPS_ONLY = """
+int on_entry_0(struct pt_regs *ctx) { return 0; }
+int on_region_return(struct pt_regs *ctx) { return 0; }
+"""
+# layout -> (program, entry probe, end probe)
+LAYOUTS = {
+    "aa": ("", False, False),
+    "entry": ("regions", True, False),
+    "end": ("regions", False, True),
+    "both": ("regions", True, True),
+    "traps": ("traps", True, True),
+}
+SETTLE_S = 0.1  # after an attach or detach, before a block is counted
+
+
+@dataclass(frozen=True)
+class Block:
+    layout: str
+    start_ns: int
+    end_ns: int
+    cpu_ns: int  # the target's CPU (user + system, all threads) over the block
+
+
+def process_cpu_ns(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def libgomp_of(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        if "libgomp" in line:
+            return os.path.realpath(line.split()[-1])
+    raise SystemExit(f"process {pid} maps no libgomp")
+
+
+class Probes:
+    """The region program and a traps-only program, loaded once; their uprobes come and go."""
+
+    def __init__(self, pid: int) -> None:
+        bcc = load_bcc()
+        self.pid, self.path = pid, libgomp_of(pid)
+        entry, end = entry_point(self.path, "GOMP_parallel"), gomp_region_end(self.path)
+        if entry is None or end is None:
+            raise SystemExit(f"no emulated entry and end points in {self.path}")
+        self.entry, self.end = entry.address, end.address
+        layout = detect(pid)
+        program = OpenMPProgram((Runtime("libgomp", self.path),), tgid=pid).source()
+        self.programs = {
+            "regions": bcc.BPF(text=program, cflags=compile_flags(layout)),
+            "traps": bcc.BPF(text=TRAPS_ONLY),
+        }
+        table = self.programs["regions"]["tstates"]
+        for tid, tstate in thread_states(pid, layout).items():
+            table[table.Key(tid)] = table.Leaf(tstate)
+
+    def points(self, layout: str) -> list[tuple[object, int, str]]:
+        name, entry, end = LAYOUTS[layout]
+        if not name:
+            return []
+        bpf = self.programs[name]
+        return [(bpf, self.entry, "on_entry_0")] * entry + [
+            (bpf, self.end, "on_region_return")
+        ] * end
+
+    def attach(self, layout: str) -> None:
+        for bpf, address, handler in self.points(layout):
+            bpf.attach_uprobe(name=self.path, addr=address, fn_name=handler, pid=self.pid)  # type: ignore[attr-defined]
+
+    def detach(self, layout: str) -> None:
+        for bpf, address, _ in self.points(layout):
+            bpf.detach_uprobe(name=self.path, addr=address, pid=self.pid)  # type: ignore[attr-defined]
+
+    def regions(self) -> int:
+        counts = self.programs["regions"]["entry_count"]
+        return int(counts[counts.Key(0)].value)
+
+    def close(self) -> None:
+        for bpf in self.programs.values():
+            bpf.cleanup()
+
+
+def block(pid: int, layout: str, seconds: float) -> Block:
+    time.sleep(SETTLE_S)
+    cpu, start = process_cpu_ns(pid), time.monotonic_ns()
+    time.sleep(seconds)
+    end = time.monotonic_ns()
+    return Block(layout, start, end, process_cpu_ns(pid) - cpu)
+
+
+def interval(values: list[float], draws: int = 4000, seed: int = 1) -> tuple[float, float]:
+    """Bootstrap 95% interval of the mean."""
+    chance = random.Random(seed)
+    means = sorted(statistics.fmean(chance.choices(values, k=len(values))) for _ in range(draws))
+    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+
+
+# Kernel functions on the way into and out of a uprobe's breakpoint: a sample whose kernel stack
+# holds one of them is CPU that the trap cost the thread.
+TRAP_PATH = {"asm_exc_int3", "exc_int3", "handle_swbp", "uprobe_notify_resume"}
+
+
+def trap_profile(probes: Probes, layouts: list[str], seconds: float, hz: int = 1999) -> None:
+    """Each layout's probes on for `seconds` under perf record -a -g: the share of the machine's
+    samples that fall in the target's trap path, and that CPU per region (in place, with the
+    caches as the target leaves them, not in a tight loop)."""
+    print(f"# perf record -a -g -F {hz}, {seconds:g} s per layout; target pid {probes.pid}")
+    print(f"{'layout':<7} {'regions/s':>9} {'trap CPU':>9}  per region   where (leaf functions)")
+    found: list[tuple[str, float, float, int, int, Counter[str]]] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for layout in layouts:
+            data = f"{scratch}/{layout}.data"
+            probes.attach(layout)
+            try:
+                time.sleep(SETTLE_S)
+                before, start = probes.regions(), time.monotonic()
+                record = ["perf", "record", "-q", "-a", "-g", "-F", str(hz), "-o", data]
+                subprocess.run([*record, "--", "sleep", str(seconds)], check=True)
+                rate = (probes.regions() - before) / (time.monotonic() - start)
+            finally:
+                probes.detach(layout)
+            script = subprocess.run(
+                ["perf", "script", "-i", data, "-F", "pid,tid,ip,sym"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            samples = trapped = 0
+            leaves: Counter[str] = Counter()
+            for sample in script.split("\n\n"):
+                lines = sample.split("\n")
+                if not lines[0].strip():
+                    continue
+                samples += 1
+                frames = [line.split()[-1] for line in lines[1:] if line.strip()]
+                if lines[0].split()[0].split("/")[0] == str(probes.pid) and TRAP_PATH & set(frames):
+                    trapped += 1
+                    leaves[frames[0]] += 1
+            found.append((layout, rate, trapped / hz / seconds, trapped, samples, leaves))
+    # The end probe alone counts no regions (none was opened): it runs as often as the entry
+    # does, so its cost per region is taken at the other layouts' rate.
+    rates = [rate for _, rate, *_ in found if rate]
+    usual = statistics.fmean(rates) if rates else 0.0
+    for layout, rate, cpu_s, trapped, samples, leaves in found:
+        per_region = f"{1e6 * cpu_s / (rate or usual):6.1f} us" if rate or usual else "    -    "
+        top = ", ".join(f"{name} {n}" for name, n in leaves.most_common(4))
+        print(
+            f"{layout:<7} {rate:>9,.0f} {cpu_s:>8.4f}c  {per_region}   "
+            f"{trapped} of {samples} samples: {top}"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="serving", choices=sorted(TARGETS))
+    parser.add_argument("--threads", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=900.0, help="the whole run")
+    parser.add_argument("--block", type=float, default=1.0)
+    parser.add_argument("--warmup", type=float, default=8.0)
+    parser.add_argument("--layouts", default="aa,entry,end,both,traps")
+    parser.add_argument("--json", help="also write every block here")
+    parser.add_argument(
+        "--perf",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="instead: each layout on for this long under perf record -a -g, and the target's "
+        "CPU in the trap path per probe hit",
+    )
+    args = parser.parse_args()
+    layouts = args.layouts.split(",")
+    for layout in layouts:
+        if layout not in LAYOUTS:
+            raise SystemExit(f"unknown layout {layout}")
+    pid, progress, processes = TARGETS[args.target](args.threads)
+    blocks: list[Block] = []
+    try:
+        time.sleep(args.warmup)
+        probes = Probes(pid)
+        if args.perf:
+            try:
+                trap_profile(probes, layouts, args.perf)
+            finally:
+                probes.close()
+            return 0
+        try:
+            shuffled, stop = random.Random(args.threads), time.monotonic() + args.seconds
+            blocks.append(block(pid, "bare", args.block))
+            started_with = probes.regions()
+            while time.monotonic() < stop:
+                for layout in shuffled.sample(layouts, len(layouts)):
+                    probes.attach(layout)
+                    try:
+                        blocks.append(block(pid, layout, args.block))
+                    finally:
+                        probes.detach(layout)
+                    blocks.append(block(pid, "bare", args.block))
+            regions = probes.regions() - started_with
+        finally:
+            probes.close()
+        time.sleep(0.2)
+    finally:
+        for process in processes:
+            process.send_signal(2)
+            try:
+                process.wait(timeout=30)
+            except Exception:
+                process.kill()
+    rates = [progress.rate_between(b.start_ns, b.end_ns) for b in blocks]
+    work = [rate * (b.end_ns - b.start_ns) / 1e9 for rate, b in zip(rates, blocks, strict=True)]
+    # entry_count grows only where the region program's entry probe is on
+    probed_s = sum(
+        (b.end_ns - b.start_ns + SETTLE_S * 1e9) / 1e9
+        for b in blocks
+        if LAYOUTS.get(b.layout, ("", False, False))[:2] == ("regions", True)
+    )
+    print(
+        f"# {args.target}, {args.threads} threads, {os.cpu_count()} CPUs, {len(blocks)} blocks "
+        f"of {args.block:g} s; {regions / probed_s:,.0f} regions/s"
+    )
+    print(f"{'layout':<7} {'blocks':>6} {'ratio':>7}  95% interval   CPU per unit")
+    bare_cpu = sum(b.cpu_ns for b in blocks if b.layout == "bare") / sum(
+        w for w, b in zip(work, blocks, strict=True) if b.layout == "bare"
+    )
+    print(f"{'bare':<7} {'':>6} {'':>7}  {'':13}  {bare_cpu / 1e3:8.0f} us")
+    rows = [[b.layout, rate, b.cpu_ns] for b, rate in zip(blocks, rates, strict=True)]
+    out: dict[str, object] = {"blocks": rows}
+    for layout in layouts:
+        ratios = [
+            math.log(rates[i] / ((rates[i - 1] + rates[i + 1]) / 2))
+            for i in range(1, len(blocks) - 1)
+            if blocks[i].layout == layout
+        ]
+        low, high = interval(ratios)
+        cpu = sum(b.cpu_ns for b in blocks if b.layout == layout) / sum(
+            w for w, b in zip(work, blocks, strict=True) if b.layout == layout
+        )
+        print(
+            f"{layout:<7} {len(ratios):>6} {math.exp(statistics.fmean(ratios)):>7.4f}  "
+            f"{math.exp(low):.4f}-{math.exp(high):.4f}  {cpu / 1e3:8.0f} us "
+            f"({100 * (cpu / bare_cpu - 1):+.1f}%)"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
