@@ -5,8 +5,8 @@
         [--seconds 900] [--block 1] [--layouts aa,entry,end,both,traps] [--json FILE]
 
 benchmarks/overhead.py compares whole captures, a few windows of several seconds each; on the
-serving recipe two such windows a few seconds apart differ by 2-3% (their noise does not shrink
-with longer windows), so a few tenths of a percent cannot be told apart. Here the region program
+serving recipe a window scatters by 2-3% against the windows around it, and longer windows
+hardly lower that, so a few tenths of a percent cannot be told apart. Here the region program
 is loaded once and only its uprobes are attached and detached, which takes milliseconds, so
 short blocks alternate: bare, one layout, bare, the next layout, ... in a fresh shuffled order
 every cycle. Each layout block's ratio is its rate over the mean of the two bare blocks around

@@ -518,8 +518,7 @@ class EbpfCollector:
         were detached: regions in flight then lose their ends, and the log is not read)."""
         entries = _entries(bpf)
         ended = int(bpf["region_count"][ctypes.c_int(0)].value)
-        # a thread's element stays after its region ends, with start_ns 0 (openmp.bpf.c)
-        still_open = sum(1 for start in bpf["open_regions"].values() if start.start_ns)
+        still_open = len(bpf["open_regions"])
         missed = entries - ended - still_open
         if warn and missed > max(5, entries // 100):
             self.warnings.append(

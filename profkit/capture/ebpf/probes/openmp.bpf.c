@@ -27,10 +27,7 @@ struct region {
     u32 pad;
 };
 
-// One element per dispatching thread, rewritten in place at each entry and closed (start_ns 0)
-// at the end: an update that allocates and a delete that frees would be two more hash operations
-// a region, and in a busy server hash lookups are the largest part of the program's cost
-// (docs/results/ebpf-cost.md, "In place: what the traps cost a busy server").
+// Deleted at each region's end, so that the threads of a long capture do not fill it.
 BPF_HASH(open_regions, u32, struct region_start, 16384);
 BPF_HISTOGRAM(duration_us_log2, int, 64);
 BPF_ARRAY(region_log, struct region, REGION_CAPACITY);
@@ -67,11 +64,7 @@ static inline u64 region_stack(u32 runtime) {
 static inline int region_entry(u32 runtime, u32 requested) {
     u32 tid = bpf_get_current_pid_tgid();
     struct region_start start = {bpf_ktime_get_ns(), region_stack(runtime), requested, runtime};
-    struct region_start *open = open_regions.lookup(&tid);
-    if (open)
-        *open = start;
-    else
-        open_regions.update(&tid, &start);
+    open_regions.update(&tid, &start);
     count_entry();
     u64 *mine = runtime_entries.lookup(&runtime);
     if (mine)
@@ -82,11 +75,11 @@ static inline int region_entry(u32 runtime, u32 requested) {
 int on_region_return(struct pt_regs *ctx) {
     u32 tid = bpf_get_current_pid_tgid();
     struct region_start *start = open_regions.lookup(&tid);
-    if (!start || !start->start_ns)
+    if (!start)
         return 0;  // entered before the probe was attached
     u64 now = bpf_ktime_get_ns();
     struct region r = {start->start_ns, now, start->stack, tid, start->requested, start->runtime};
-    start->start_ns = 0;
+    open_regions.delete(&tid);
 #ifdef PYSTACK
     if (r.stack) {
         struct pystack_key key = {r.stack, r.runtime, 0};
