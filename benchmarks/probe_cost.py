@@ -60,16 +60,16 @@ def layouts(path: str) -> dict[str, tuple[dict, list[int], bool]]:
     return found
 
 
-def load(bcc, path: str, walker: bool):  # type: ignore[no-untyped-def]  # bcc has no stubs
-    """The region program, with the walker reading this process's own threads."""
+def load(bcc, path: str, walker: bool, pid: int = 0):  # type: ignore[no-untyped-def]  # no stubs
+    """The region program, with the walker reading the threads of pid (this process)."""
+    pid = pid or os.getpid()
+    program = OpenMPProgram((Runtime("libgomp", path),), tgid=pid).source()
     if not walker:
-        return bcc.BPF(text=OpenMPProgram((Runtime("libgomp", path),)).source())
-    layout = detect(os.getpid())
-    bpf = bcc.BPF(
-        text=OpenMPProgram((Runtime("libgomp", path),)).source(), cflags=compile_flags(layout)
-    )
+        return bcc.BPF(text=program)
+    layout = detect(pid)
+    bpf = bcc.BPF(text=program, cflags=compile_flags(layout))
     table = bpf["tstates"]
-    for tid, tstate in thread_states(os.getpid(), layout).items():
+    for tid, tstate in thread_states(pid, layout).items():
         table[table.Key(tid)] = table.Leaf(tstate)
     return bpf
 

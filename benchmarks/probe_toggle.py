@@ -39,13 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import TARGETS
+from probe_cost import load
 
-from profkit.capture.ebpf.collector import OpenMPProgram
 from profkit.capture.ebpf.loader import load_bcc
 from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
-from profkit.capture.ebpf.pywalk import compile_flags
-from profkit.host.pyruntime import detect, thread_states
-from profkit.host.target import Runtime
+from profkit.host import procfs
 
 TRAPS_ONLY = """
 int on_entry_0(struct pt_regs *ctx) { return 0; }
@@ -71,8 +69,8 @@ class Block:
 
 
 def process_cpu_ns(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    stat = procfs.read_stat(pid)
+    return (stat.utime_ticks + stat.stime_ticks) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def libgomp_of(pid: int) -> str:
@@ -92,15 +90,10 @@ class Probes:
         if entry is None or end is None:
             raise SystemExit(f"no emulated entry and end points in {self.path}")
         self.entry, self.end = entry.address, end.address
-        layout = detect(pid)
-        program = OpenMPProgram((Runtime("libgomp", self.path),), tgid=pid).source()
         self.programs = {
-            "regions": bcc.BPF(text=program, cflags=compile_flags(layout)),
+            "regions": load(bcc, self.path, walker=True, pid=pid),
             "traps": bcc.BPF(text=TRAPS_ONLY),
         }
-        table = self.programs["regions"]["tstates"]
-        for tid, tstate in thread_states(pid, layout).items():
-            table[table.Key(tid)] = table.Leaf(tstate)
 
     def points(self, layout: str) -> list[tuple[object, int, str]]:
         name, entry, end = LAYOUTS[layout]
