@@ -3,6 +3,7 @@
 
     sudo .venv/bin/python benchmarks/probe_toggle.py [--target serving] [--threads 64]
         [--seconds 900] [--block 1] [--layouts aa,entry,end,both,traps] [--json FILE]
+    sudo .venv/bin/python benchmarks/probe_toggle.py --perf 8 --rounds 4 [--layouts ...]
 
 benchmarks/overhead.py compares whole captures, a few windows of several seconds each; on the
 serving recipe a window scatters by 2-3% against the windows around it, and longer windows
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -141,54 +142,92 @@ def interval(values: list[float], draws: int = 4000, seed: int = 1) -> tuple[flo
 TRAP_PATH = {"asm_exc_int3", "exc_int3", "handle_swbp", "uprobe_notify_resume"}
 
 
-def trap_profile(probes: Probes, layouts: list[str], seconds: float, hz: int = 1999) -> None:
+def trap_profile(
+    probes: Probes, layouts: list[str], seconds: float, rounds: int = 1, hz: int = 1999
+) -> None:
     """Each layout's probes on for `seconds` under perf record -a -g: the share of the machine's
     samples that fall in the target's trap path, and that CPU per region (in place, with the
-    caches as the target leaves them, not in a tight loop)."""
-    print(f"# perf record -a -g -F {hz}, {seconds:g} s per layout; target pid {probes.pid}")
-    print(f"{'layout':<7} {'regions/s':>9} {'trap CPU':>9}  per region   where (leaf functions)")
-    found: list[tuple[str, float, float, int, int, Counter[str]]] = []
+    caches as the target leaves them, not in a tight loop). With several rounds the layouts
+    take turns in a fresh order each round and their samples are pooled: one pass over the
+    layouts read the empty programs at 4.3 and 6.3 us a region in two runs, more apart than
+    their samples' own scatter, so a layout is only compared with the others of its own run."""
+    print(
+        f"# perf record -a -g -F {hz}, {rounds} round(s) of {seconds:g} s per layout; "
+        f"target pid {probes.pid}"
+    )
+    found = {layout: Trapped() for layout in layouts}
+    order = random.Random(len(layouts))
     with tempfile.TemporaryDirectory() as scratch:
-        for layout in layouts:
-            data = f"{scratch}/{layout}.data"
-            probes.attach(layout)
-            try:
-                time.sleep(SETTLE_S)
-                before, start = probes.regions(), time.monotonic()
-                record = ["perf", "record", "-q", "-a", "-g", "-F", str(hz), "-o", data]
-                subprocess.run([*record, "--", "sleep", str(seconds)], check=True)
-                rate = (probes.regions() - before) / (time.monotonic() - start)
-            finally:
-                probes.detach(layout)
-            script = subprocess.run(
-                ["perf", "script", "-i", data, "-F", "pid,tid,ip,sym"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            samples = trapped = 0
-            leaves: Counter[str] = Counter()
-            for sample in script.split("\n\n"):
-                lines = sample.split("\n")
-                if not lines[0].strip():
-                    continue
-                samples += 1
-                frames = [line.split()[-1] for line in lines[1:] if line.strip()]
-                if lines[0].split()[0].split("/")[0] == str(probes.pid) and TRAP_PATH & set(frames):
-                    trapped += 1
-                    leaves[frames[0]] += 1
-            found.append((layout, rate, trapped / hz / seconds, trapped, samples, leaves))
+        for _ in range(rounds):
+            for layout in order.sample(layouts, len(layouts)) if rounds > 1 else layouts:
+                found[layout].add(record_traps(probes, layout, seconds, hz, f"{scratch}/perf.data"))
     # The end probe alone counts no regions (none was opened): it runs as often as the entry
     # does, so its cost per region is taken at the other layouts' rate.
-    rates = [rate for _, rate, *_ in found if rate]
+    rates = [t.regions / t.seconds for t in found.values() if t.regions]
     usual = statistics.fmean(rates) if rates else 0.0
-    for layout, rate, cpu_s, trapped, samples, leaves in found:
-        per_region = f"{1e6 * cpu_s / (rate or usual):6.1f} us" if rate or usual else "    -    "
-        top = ", ".join(f"{name} {n}" for name, n in leaves.most_common(4))
+    print(
+        f"{'layout':<7} {'regions/s':>9} {'trap CPU':>9}  per region (95%)      "
+        "where (leaf functions)"
+    )
+    for layout, t in found.items():
+        rate = t.regions / t.seconds
+        cpu_s = t.trapped / hz / t.seconds
+        # Poisson scatter of the trapped samples, the run's own precision
+        low, high = (max(0.0, t.trapped + d * math.sqrt(t.trapped)) for d in (-1.96, 1.96))
+        per = 1e6 / hz / t.seconds / (rate or usual) if rate or usual else 0.0
+        shown = f"{per * t.trapped:5.1f} us ({per * low:4.1f}-{per * high:4.1f})" if per else "-"
+        top = ", ".join(f"{name} {n}" for name, n in t.leaves.most_common(4))
         print(
-            f"{layout:<7} {rate:>9,.0f} {cpu_s:>8.4f}c  {per_region}   "
-            f"{trapped} of {samples} samples: {top}"
+            f"{layout:<7} {rate:>9,.0f} {cpu_s:>8.4f}c  {shown:<22} "
+            f"{t.trapped} of {t.samples} samples: {top}"
         )
+
+
+@dataclass
+class Trapped:
+    """One layout's perf samples, pooled over its rounds."""
+
+    seconds: float = 0.0
+    regions: int = 0
+    samples: int = 0
+    trapped: int = 0
+    leaves: Counter[str] = field(default_factory=Counter)
+
+    def add(self, other: Trapped) -> None:
+        self.seconds += other.seconds
+        self.regions += other.regions
+        self.samples += other.samples
+        self.trapped += other.trapped
+        self.leaves.update(other.leaves)
+
+
+def record_traps(probes: Probes, layout: str, seconds: float, hz: int, data: str) -> Trapped:
+    """One layout on for `seconds` under perf record: the target's samples in the trap path."""
+    probes.attach(layout)
+    try:
+        time.sleep(SETTLE_S)
+        before, start = probes.regions(), time.monotonic()
+        record = ["perf", "record", "-q", "-a", "-g", "-F", str(hz), "-o", data]
+        subprocess.run([*record, "--", "sleep", str(seconds)], check=True)
+        found = Trapped(seconds=time.monotonic() - start, regions=probes.regions() - before)
+    finally:
+        probes.detach(layout)
+    script = subprocess.run(
+        ["perf", "script", "-i", data, "-F", "pid,tid,ip,sym"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for sample in script.split("\n\n"):
+        lines = sample.split("\n")
+        if not lines[0].strip():
+            continue
+        found.samples += 1
+        frames = [line.split()[-1] for line in lines[1:] if line.strip()]
+        if lines[0].split()[0].split("/")[0] == str(probes.pid) and TRAP_PATH & set(frames):
+            found.trapped += 1
+            found.leaves[frames[0]] += 1
+    return found
 
 
 def main() -> int:
@@ -208,6 +247,9 @@ def main() -> int:
         help="instead: each layout on for this long under perf record -a -g, and the target's "
         "CPU in the trap path per probe hit",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="with --perf: turns per layout, pooled"
+    )
     args = parser.parse_args()
     layouts = args.layouts.split(",")
     for layout in layouts:
@@ -220,7 +262,7 @@ def main() -> int:
         probes = Probes(pid)
         if args.perf:
             try:
-                trap_profile(probes, layouts, args.perf)
+                trap_profile(probes, layouts, args.perf, args.rounds)
             finally:
                 probes.close()
             return 0
