@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from overhead import ROOT, TARGETS  # the targets and their progress readers
+from overhead import ROOT, TARGETS, stop_targets  # the targets, their progress readers
 
 sys.path.insert(0, str(ROOT))
 
@@ -91,12 +91,7 @@ def main() -> int:
         time.sleep(0.2)
         rates = [(kind, progress.rate_between(s, e), t) for kind, s, e, t in spans]
     finally:
-        for process in processes:
-            process.send_signal(2)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_targets(processes)
     print(
         f"# {args.target}, {args.threads} threads, {args.rounds} rounds, attach --duration "
         f"{args.duration:g} inside {args.span:g}-s spans"

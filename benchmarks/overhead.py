@@ -107,6 +107,16 @@ def spawn(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=ROOT)
 
 
+def stop_targets(processes: list[subprocess.Popen]) -> None:
+    """Ctrl-C to each recipe process, as a user stops one; killed if it has not left in 30 s."""
+    for process in processes:
+        process.send_signal(2)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def start_fanout(threads: int) -> tuple[int, Progress, list[subprocess.Popen]]:
     recipe = spawn(
         [
@@ -271,12 +281,7 @@ def measure(
             (name, progress.rate_between(start, end), notes) for name, start, end, notes in windows
         ]
     finally:
-        for process in processes:
-            process.send_signal(2)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_targets(processes)
     results: dict[str, list[float]] = {"bare": [rate for name, rate, _ in rates if name == "bare"]}
     for index, (name, rate, notes) in enumerate(rates):
         if name != "bare":

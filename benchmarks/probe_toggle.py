@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from overhead import TARGETS
+from overhead import TARGETS, stop_targets
 from probe_cost import load
 
 from profkit.capture.ebpf.loader import load_bcc
@@ -283,12 +283,7 @@ def main() -> int:
             probes.close()
         time.sleep(0.2)
     finally:
-        for process in processes:
-            process.send_signal(2)
-            try:
-                process.wait(timeout=30)
-            except Exception:
-                process.kill()
+        stop_targets(processes)
     rates = [progress.rate_between(b.start_ns, b.end_ns) for b in blocks]
     work = [rate * (b.end_ns - b.start_ns) / 1e9 for rate, b in zip(rates, blocks, strict=True)]
     # entry_count grows only where the region program's entry probe is on
