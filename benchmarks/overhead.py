@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/overhead.py [--targets fanout,serving] [--threads 8,64]
         [--rounds 3] [--seconds 6] [--configs bare,profkit-default,...] [--json FILE]
 
-Each target (the fan-out recipe's copies/s; the serving recipe's requests/s under a steady load)
-is started once per pool size and kept running. Its windows alternate: bare, one configuration,
+Each target (the fan-out recipe's copies/s; the serving recipe's requests/s under a steady load;
+`flood`, the fan-out recipe with 64-KB copies, thousands of small regions a second) is started
+once per pool size and kept running. Its windows alternate: bare, one configuration,
 bare, the next configuration, ..., in a fresh shuffled order every round. A profiled window's
 ratio is its throughput over the mean of the two bare windows around it, so drift of a noisy
 machine and the differences between one process and the next (where its buffers landed) fall
@@ -25,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -117,7 +119,10 @@ def stop_targets(processes: list[subprocess.Popen]) -> None:
             process.kill()
 
 
-def start_fanout(threads: int) -> tuple[int, Progress, list[subprocess.Popen]]:
+def start_fanout(
+    threads: int, tensor_mb: float | None = None
+) -> tuple[int, Progress, list[subprocess.Popen]]:
+    size = ["--tensor-mb", str(tensor_mb)] if tensor_mb else []
     recipe = spawn(
         [
             sys.executable,
@@ -129,6 +134,7 @@ def start_fanout(threads: int) -> tuple[int, Progress, list[subprocess.Popen]]:
             str(threads),
             "--report-every",
             "0.05",
+            *size,
         ]
     )
     assert recipe.stdout is not None
@@ -173,6 +179,8 @@ def start_serving(threads: int) -> tuple[int, Progress, list[subprocess.Popen]]:
 TARGETS: dict[str, Callable[[int], tuple[int, Progress, list[subprocess.Popen]]]] = {
     "fanout": start_fanout,
     "serving": start_serving,
+    # 64-KB copies: thousands of small regions a second, over the region probes' budget
+    "flood": lambda threads: start_fanout(threads, tensor_mb=0.0625),
 }
 
 
@@ -186,6 +194,11 @@ def profkit_notes(manifest: dict) -> str:
     ebpf = manifest["collectors"].get("ebpf", {})
     if ebpf.get("status") == "ok" and "scheduler tracepoints skipped" in ebpf.get("reason", ""):
         notes.append("sched not traced")
+    switched = re.search(r"region probes switched on (\d+)% of the time", ebpf.get("reason", ""))
+    if switched:
+        notes.append(f"region probes on {switched.group(1)}%")
+    elif "region probes detached" in ebpf.get("reason", ""):
+        notes.append("region probes detached")
     notes += [f"{d['action']} {d['collector']}" for d in manifest["budget_decisions"]]
     window = manifest["window"]
     seconds = (window["end_ns"] - window["start_ns"]) / 1e9
