@@ -137,9 +137,32 @@ def _worker_time_per_region(
     )
     begin = np.maximum(sched.slice_start[mask], window[0])
     finish = np.minimum(sched.slice_end[mask], window[1])
+    if sched.region_on:
+        # Probes switched on and off: only the on-times have their regions, and worker time
+        # outside them belongs to regions nobody saw.
+        begin, finish = _clip(begin, finish, sched.region_on)
     middle = (begin + finish) // 2
     index = np.clip(np.searchsorted(starts, middle, side="right") - 1, 0, len(starts) - 1)
     return np.bincount(index, weights=(finish - begin).astype(float), minlength=len(starts))
+
+
+def _clip(
+    begin: np.ndarray, finish: np.ndarray, intervals: tuple[tuple[int, int], ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The parts of the spans [begin, finish) that lie inside the intervals."""
+    pieces = [(np.maximum(begin, a), np.minimum(finish, b)) for a, b in intervals]
+    starts = np.concatenate([p[0] for p in pieces]) if pieces else begin[:0]
+    ends = np.concatenate([p[1] for p in pieces]) if pieces else finish[:0]
+    keep = ends > starts
+    return starts[keep], ends[keep]
+
+
+def probed_share(sched: SchedData, window: tuple[int, int]) -> float:
+    """The part of the window the region probes were on: 1 unless they were switched."""
+    if not sched.region_on or window[1] <= window[0]:
+        return 1.0
+    inside = sum(max(0, min(b, window[1]) - max(a, window[0])) for a, b in sched.region_on)
+    return min(1.0, inside / (window[1] - window[0]))
 
 
 def _resolve_op(
@@ -377,10 +400,16 @@ def by_stack(
         sites.append(
             SiteShare(site, op, op_source, share, share * pool_cores, regions[site], 0, code, stack)
         )
+    probed = probed_share(sched, window)
     reason = (
         f"{int(known.sum())} of {len(stacks)} regions carry their Python stack (eBPF walker)"
         + ("" if known.all() else "; the rest is spread in proportion")
         + weighed
+        + (
+            f"; the region probes were on {100 * probed:.0f}% of the window, to fit the budget"
+            if probed < 1.0
+            else ""
+        )
     )
     return Attribution(
         "stack",

@@ -10,7 +10,7 @@ import numpy as np
 from ..bundle.read import Bundle, load_bundle
 from ..errors import BadBundle
 from .activity import Activity, pool_activity
-from .attribution import Attribution, attribute
+from .attribution import Attribution, attribute, probed_share
 from .cpu import CpuWindow, cpu_window
 from .findings import Finding, blind_spot, fanout, oversubscription, sort_findings, spin
 from .reconcile import Reconciliation, reconcile
@@ -28,6 +28,9 @@ class PoolReport:
     # Region durations in the window, ms: median, 90th percentile, longest (None: no region
     # ended in it, or no end probe).
     region_ms: tuple[float, float, float] | None = None
+    # The part of the window the region probes were on (below 1 when switched to fit the
+    # budget): `regions` counts only those times.
+    regions_probed: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,9 @@ def analyse(bundle: Bundle) -> Report:
             window,
             kernels,
         )
-        regions, region_ms = 0, None
+        regions, region_ms, probed = 0, None, 1.0
         if pool_sched is not None:
+            probed = probed_share(pool_sched, window)
             starts, ends = pool_sched.region_start, pool_sched.region_end
             inside = (starts >= window[0]) & (starts <= window[1])
             regions = int(inside.sum())
@@ -92,7 +96,9 @@ def analyse(bundle: Bundle) -> Report:
                 median, p90 = np.percentile(durations, [50, 90])
                 region_ms = (float(median), float(p90), float(durations.max()))
         pool_reports.append(
-            PoolReport(pool, cpu.cores_of(workers), regions, activity, attribution, region_ms)
+            PoolReport(
+                pool, cpu.cores_of(workers), regions, activity, attribution, region_ms, probed
+            )
         )
         for finding in (
             fanout(_pool_recon(recon, pool, cpu), pool, activity, attribution, budget),

@@ -99,6 +99,9 @@ class SchedData:
     uprobes_attached: bool
     scheduler_traced: bool = True  # False when the tracepoints were skipped to fit the budget
     regions_skipped: str = ""  # why the region probes were detached, when they were
+    # When the region probes were switched on and off to fit the budget: their on-times (ns).
+    # Empty when they stayed on (or off) for the whole capture.
+    region_on: tuple[tuple[int, int], ...] = ()
     # Each region's index into python_stacks, -1 where the walker read none.
     region_stack: np.ndarray | None = None
     python_stacks: tuple[PyStack, ...] = ()
@@ -329,6 +332,9 @@ def _sched(directory: Path, manifest: dict) -> SchedData | None:
             uprobes_attached=any(a.startswith("uprobe:") for a in attached),
             scheduler_traced=any(a.startswith("tracepoint:sched") for a in attached),
             regions_skipped=str((data.get("regions_decision") or {}).get("reason", "")),
+            region_on=tuple(
+                (int(a), int(b)) for a, b in (data.get("regions_decision") or {}).get("on_ns", [])
+            ),
             region_stack=(_array(regions["stack"], "stack", EBPF) if "stack" in regions else None),
             **_python_stacks(data.get("python") or {}),
             **_region_pools(

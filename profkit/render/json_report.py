@@ -58,6 +58,7 @@ class PoolJson(TypedDict):
     cores: float
     regions: int
     regions_with_stack: int
+    regions_probed: float
     region_ms: dict[str, float | None] | None
     activity: dict[str, float] | None
     kernel_kinds: dict[str, float] | None
@@ -180,6 +181,7 @@ def report_dict(report: Report) -> ReportJson:
                 "cores": _r(p.cores),
                 "regions": p.regions,
                 "regions_with_stack": p.attribution.regions_with_stack,
+                "regions_probed": _r(p.regions_probed),
                 "region_ms": (
                     dict(zip(("median", "p90", "max"), map(_r, p.region_ms), strict=True))
                     if p.region_ms

@@ -56,7 +56,12 @@ def render_text(report: Report) -> str:
         lines += [
             "",
             f"POOL {pool.pool.name}: {len(pool.pool.workers)} workers (team "
-            f"{pool.pool.team_size}), {pool.cores:.2f} cores, {pool.regions} regions",
+            f"{pool.pool.team_size}), {pool.cores:.2f} cores, {pool.regions} regions"
+            + (
+                f" in the {100 * pool.regions_probed:.0f}% of the window probed"
+                if pool.regions_probed < 1.0
+                else ""
+            ),
         ]
         if pool.pool.runtime and "@" in pool.pool.name:
             lines.append(f"  library: {pool.pool.runtime}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import pytest
 from profkit.bundle.read import load_bundle
 from profkit.capture.budget import SCHED_TRACE_SHARE, region_probe_share
 from profkit.capture.collectors.pyspy import exit_grace_s
+from profkit.capture.ebpf.duty import MIN_DUTY
 from profkit.capture.startup import LONG_STOP_S
 from profkit.host import procfs
 from recipes.launch import attach_command
@@ -382,24 +384,49 @@ def test_a_busy_machine_is_not_traced_at_every_switch(start_recipe, tmp_path: Pa
     assert "scheduler tracepoints skipped" in report.stdout
 
 
-def test_a_flood_of_small_regions_detaches_the_region_probes(start_recipe, tmp_path: Path) -> None:
-    """64-KB copies start thousands of regions a second: at ~2 us a trap pair that is over the
-    probes' part of a 2% budget (py-spy's parts included, as it is not in this capture), so they
-    come off and the report says so; a 50% budget keeps them."""
+def test_a_flood_of_small_regions_switches_the_region_probes(start_recipe, tmp_path: Path) -> None:
+    """64-KB copies start thousands of regions a second: at ~3.4 us a region that is over the
+    probes' part of a 2% budget (py-spy's parts included, as it is not in this capture). With
+    the walker on they are then switched on and off to fit it, and the pool still gets its call
+    site from the regions of the on-times; at a budget twenty times too small they come off and
+    the report says so; a 50% budget keeps them on."""
     recipe = start_recipe("shm_fanout.py", "--threads", "2", "--tensor-mb", "0.0625")
     time.sleep(1.0)
-    tight, loose = tmp_path / "tight", tmp_path / "loose"
-    result = attach(recipe.pid, tight, "--collectors", "ebpf,proc", duration=2.0)
+    switched, tight, loose = tmp_path / "switched", tmp_path / "tight", tmp_path / "loose"
+    result = attach(recipe.pid, switched, "--collectors", "ebpf,proc", duration=3.0)
     assert result.returncode == 0, result.stderr
-    decision = json.loads((tight / "ebpf.json").read_text())["regions_decision"]
+    ebpf = json.loads((switched / "ebpf.json").read_text())
+    decision = ebpf["regions_decision"]
     if decision["expected_share"] <= region_probe_share(pyspy=False) * 0.02:
         pytest.skip(f"{decision['regions_per_s']} regions/s is too few on this machine")
-    assert decision["traced"] is False, decision
     assert decision["regions_per_s"] > 1000
-    ebpf = json.loads((tight / "ebpf.json").read_text())
-    assert not ebpf["regions"]["tid"]
-    assert not any(a.startswith(("uprobe:", "uretprobe:")) for a in ebpf["attached"])
+    # The duty recorded is the last one, from the rate the on-times saw.
+    assert decision["traced"] is True and MIN_DUTY <= decision["duty"] <= 1, decision
+    on = decision["on_ns"]
+    assert on and all(a < b for a, b in on)
+    assert all(b1 < a2 for (_, b1), (a2, _) in itertools.pairwise(on)), "switched off"
+    starts = ebpf["regions"]["start_ns"]
+    assert len(starts) > 100
+    assert all(any(a <= t <= b for a, b in on) for t in starts), "regions only in on-times"
+    assert all(s >= 0 for s in ebpf["regions"]["stack"]), "every region carries its stack"
     assert uprobes_of(recipe.pid) == ""
+    report = run_profkit("report", str(switched), "--format", "json")
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    pool = next(p for p in data["pools"] if p["runtime"] == "openmp")
+    assert 0 < pool["regions_probed"] < 1, pool
+    assert pool["regions_with_stack"] == pool["regions"] > 0
+    sites = [a for a in data["attribution"] if a["pool"] == "openmp"]
+    assert sites[0]["method"] == "stack" and "shm_fanout.py:" in sites[0]["site"], sites[0]
+    assert sites[0]["function"] == "copy_with_torch" and sites[0]["share"] == 1.0
+    text = run_profkit("report", str(switched))
+    assert "OpenMP region probes switched on" in text.stdout
+    assert "of the window probed" in text.stdout
+    result = attach(recipe.pid, tight, "--collectors", "ebpf,proc", "--budget", "0.1", duration=2.0)
+    assert result.returncode == 0, result.stderr
+    decision = json.loads((tight / "ebpf.json").read_text())["regions_decision"]
+    assert decision["traced"] is False and "duty" not in decision, decision
+    assert not json.loads((tight / "ebpf.json").read_text())["regions"]["tid"]
     report = run_profkit("report", str(tight))
     assert report.returncode == 0, report.stderr
     assert "OpenMP region probes detached" in report.stdout
@@ -407,7 +434,9 @@ def test_a_flood_of_small_regions_detaches_the_region_probes(start_recipe, tmp_p
     assert result.returncode == 0, result.stderr
     kept = json.loads((loose / "ebpf.json").read_text())
     assert kept["regions_decision"]["traced"] is True, kept["regions_decision"]
+    assert "duty" not in kept["regions_decision"]
     assert len(kept["regions"]["tid"]) > 1000
+    assert uprobes_of(recipe.pid) == ""
     assert recipe.process.poll() is None, "the target keeps running"
 
 

@@ -26,6 +26,7 @@ from ...host.target import Runtime, Target
 from ..budget import SCHED_TRACE_SHARE, region_probe_share, sched_trace_share
 from ..clock import Clock
 from ..collectors.base import Availability, CaptureContext
+from .duty import MIN_DUTY, DutyCycle
 from .loader import BccUnavailable, BpfProgram, detach_uprobes, load_bcc
 from .pywalk import PythonWalker
 from .regions import RuntimeProbes, find_probes, handler_source, probeable
@@ -33,6 +34,10 @@ from .regions import RuntimeProbes, find_probes, handler_source, probeable
 # What the Python stack walker adds to a region's entry trap, measured with
 # benchmarks/probe_cost.py (docs/results/2core-probe-cost-walker.txt).
 WALKER_HIT_S = 1.4e-6
+# Those figures, and the traps' (probe_points.py), come from a tight loop that keeps the trap
+# path in the caches. On the recipes a region costs its dispatching thread 2.3-3.3 times as
+# much (docs/results/ebpf-cost.md, "In place"), and the rate check counts that.
+IN_PLACE = 2.5
 # The walker's on-CPU sampling rate, per CPU: a prime off the timer ticks (as perf's 49 and 99),
 # and cheap since every other process's sample returns at the first test.
 PYTHON_SAMPLE_HZ = 49
@@ -162,6 +167,10 @@ class EbpfCollector:
         self._hit_s: dict[int, float] = {}  # each probed copy's trap cost per region
         self.probed_runtimes: list[dict[str, object]] = []
         self.regions_detached = False
+        self._cycle: DutyCycle | None = None  # set when the probes are switched on and off
+        # bcc's names of the attached entry (True) and end (False) probes' events
+        self._events: dict[bool, set[bytes]] = {}
+        self._attached_ns = 0
         # The region-rate check runs while the other tools settle; the window waits for it.
         self._judged = threading.Event()
         self._judged.set()
@@ -210,6 +219,8 @@ class EbpfCollector:
         that the window holds one set of probes from start to end (or at a Ctrl-C)."""
         while not self._judged.wait(0.05) and not stop.is_set():
             pass
+        if self._cycle is not None:
+            self._cycle.window_opened()
 
     def _judge_in_background(self, context: CaptureContext, start: int, before: dict) -> None:
         try:
@@ -269,6 +280,8 @@ class EbpfCollector:
                     self._attach_sampler(bcc, bpf)
                 assert self.walker is not None
                 self.walker.attach(bpf)
+            if self._context is not None:
+                self._attached_ns = self._context.clock()  # the probes' first on-time
             for copy in probes:
                 self._attach_regions(copy, program.tgid)
         except Exception:
@@ -296,7 +309,10 @@ class EbpfCollector:
         described: list[str] = []
 
         def probe(kind: str, what: str, **where: object) -> None:
+            before = set(bpf.uprobe_fds)
             getattr(bpf, f"attach_{kind}")(name=path, pid=pid, **where)
+            entry = where["fn_name"] != "on_region_return"
+            self._events.setdefault(entry, set()).update(set(bpf.uprobe_fds) - before)
             added.append((kind, {"name": path, "pid": pid, **where}))
             described.append(f"{kind}:{path}:{what}")
 
@@ -360,8 +376,10 @@ class EbpfCollector:
         walk_s = WALKER_HIT_S if self.walker is not None and self.walker.layout else 0.0
         rates = {i: (n - before.get(i, 0)) / elapsed_s for i, n in self._entries_by_copy().items()}
         rate = sum(rates.values())
-        share = sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
-        per_region_s = share / rate if rate else max(self._hit_s.values(), default=0.0) + walk_s
+        share = IN_PLACE * sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
+        per_region_s = (
+            share / rate if rate else IN_PLACE * (max(self._hit_s.values(), default=0.0) + walk_s)
+        )
         pyspy = "pyspy" in context.collectors
         budget = region_probe_share(pyspy) * context.options.budget.overhead_share
         self.region_decision = {
@@ -372,15 +390,38 @@ class EbpfCollector:
         }
         if share <= budget:
             return
-        reason = (
-            f"OpenMP region probes detached: the target started {rate:,.0f} regions a second, "
-            f"~{100 * share:.1f}% of its dispatching thread at {1e6 * per_region_s:.1f} us "
-            f"per region, over their {100 * budget:.2g}% share of the budget; attribution "
-            + (
-                "falls back to py-spy's native stacks"
-                if pyspy
-                else "has no call site for the pool (py-spy's native stacks would give one)"
+        cost = (
+            f"the target started {rate:,.0f} regions a second, ~{100 * share:.1f}% of its "
+            f"dispatching thread at {1e6 * per_region_s:.1f} us per region, over their "
+            f"{100 * budget:.2g}% share of the budget"
+        )
+        duty = budget / share
+        walker = self.walker is not None and self.walker.layout is not None
+        if walker and not pyspy and duty >= MIN_DUTY:
+            # The walker's stacks are what place the pool here: a sample of the regions in
+            # time keeps them, at the budget's cost (duty.py).
+            self._cycle = DutyCycle(
+                duty,
+                context.clock,
+                self._attach_probes,
+                self._detach_probes,
+                entries=lambda: sum(self._entries_by_copy().values()),
+                cost_s=per_region_s,
+                budget=budget,
             )
+            self.region_decision.update(traced=True, duty=round(duty, 3))
+            reason = (
+                f"OpenMP region probes switched on {100 * duty:.0f}% of the time: {cost}; the "
+                "pool's call sites come from the regions of those times"
+            )
+            self.region_decision["reason"] = reason
+            self.warnings.append(reason)
+            self._cycle.start(self._attached_ns)
+            return
+        reason = f"OpenMP region probes detached: {cost}; attribution " + (
+            "falls back to py-spy's native stacks"
+            if pyspy
+            else "has no call site for the pool (py-spy's native stacks would give one)"
         )
         self._detach_regions(reason)
 
@@ -388,16 +429,41 @@ class EbpfCollector:
         self.region_decision["reason"] = reason
         self.warnings.append(reason)
         # Only the region probes go: the walker's sampler stays on the same program.
-        for kind, where in self._region_probes:
-            self._detach(kind, where)
+        with contextlib.suppress(Exception):
+            self._detach_probes(True)
+            self._detach_probes(False)
         self._region_probes = []
         self.regions_detached = True
         self.attached = [a for a in self.attached if not a.startswith(("uprobe:", "uretprobe:"))]
 
-    def _detach(self, kind: str, where: dict[str, object]) -> None:
-        with contextlib.suppress(Exception):
-            detach = getattr(self._openmp_bpf, f"detach_{kind}")
-            detach(**{k: v for k, v in where.items() if k != "fn_name"})
+    def _probes(self, entries: bool) -> list[tuple[str, dict[str, object]]]:
+        ends = [p for p in self._region_probes if p[1]["fn_name"] == "on_region_return"]
+        return [p for p in self._region_probes if p not in ends] if entries else ends
+
+    def _attach_probes(self, entries: bool) -> None:
+        bpf = self._openmp_bpf
+        assert bpf is not None
+        before = set(bpf.uprobe_fds)
+        for kind, where in self._probes(entries):
+            getattr(bpf, f"attach_{kind}")(**where)
+        self._events[entries] = set(bpf.uprobe_fds) - before
+
+    def _detach_probes(self, entries: bool) -> None:
+        """All at once: one after another, each close waits for the kernel (loader.py)."""
+        if self._openmp_bpf is not None:
+            detach_uprobes(self._openmp_bpf, self._events.pop(entries, set()))
+
+    def _stop_cycle(self) -> None:
+        """The on-times into the decision, once the switching has stopped."""
+        if self._cycle is None:
+            return
+        cycle, self._cycle = self._cycle, None
+        on_ns = cycle.stop()
+        self.region_decision["duty"] = round(cycle.duty, 3)  # the last, from the window's rate
+        self.region_decision["on_ns"] = [list(interval) for interval in on_ns]
+        self.region_decision["probed_s"] = round(cycle.probed_s, 3)
+        if cycle.error:
+            self.warnings.append(cycle.error)
 
     def _seed_threads(self, bpf: BpfProgram, pid: int) -> None:
         times = bpf["times"]
@@ -415,6 +481,7 @@ class EbpfCollector:
     def stop(self) -> CollectorResult:
         assert self._context is not None
         self._judged.wait(timeout=5)  # a window cut short by a signal may end before the check
+        self._stop_cycle()
         end_ns = self._context.clock()
         payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
         # Off-CPU time per (Python stack, thread); the intervals still open at the window's end
@@ -558,6 +625,7 @@ class EbpfCollector:
     def cleanup(self) -> None:
         """Detach every probe; safe to call more than once."""
         self._judged.wait(timeout=5)  # the rate check reads and detaches the region probes
+        self._stop_cycle()
         if self.walker is not None:
             self.walker.halt()
         self._sched_bpf = self._openmp_bpf = None
