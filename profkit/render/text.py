@@ -56,13 +56,13 @@ def render_text(report: Report) -> str:
         lines += [
             "",
             f"POOL {pool.pool.name}: {len(pool.pool.workers)} workers (team "
-            f"{pool.pool.team_size}), {pool.cores:.2f} cores, {pool.regions} regions"
-            + (
-                f" in the {100 * pool.regions_probed:.0f}% of the window probed"
-                if pool.regions_probed < 1.0
-                else ""
-            ),
+            f"{pool.pool.team_size}), {pool.cores:.2f} cores, {pool.regions} regions",
         ]
+        if pool.regions_probed < 1.0:
+            lines.append(
+                f"  regions counted in the {100 * pool.regions_probed:.0f}% of the window the "
+                "probes were on"
+            )
         if pool.pool.runtime and "@" in pool.pool.name:
             lines.append(f"  library: {pool.pool.runtime}")
         if pool.region_ms:
