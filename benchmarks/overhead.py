@@ -12,6 +12,13 @@ machine and the differences between one process and the next (where its buffers 
 out. The table prints, per configuration, the median ratio and the min-max spread of the rounds,
 and the bare windows' own spread around their median, which is the noise floor of the run.
 
+Beside it, `CPU/unit` is the target's own CPU (all its threads, /proc/PID/stat) per copy or
+request over the same figure of the bare windows around it. Where the target is bound by the
+latency of its regions rather than by CPU (the serving recipe at 64 threads leaves a third of a
+CPU idle), its throughput scatters by 2-3% a window, while what a probe or an interrupt adds to
+the target's own work shows in its CPU per unit, which scatters much less. The JSON keeps
+those ratios under `NAME:cpu`.
+
 Configurations: bare | noop (an A/A control: a child process that only sleeps, then a window
 measured like a profiled one; its ratio shows the method's own bias) | pyspy-native-<N>hz
 (py-spy record --native --idle alone) | profkit-default[-nonblocking] |
@@ -23,6 +30,7 @@ the serving recipe at 64 threads, everything else as at the default 2%).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import random
@@ -103,6 +111,42 @@ class Progress:
             return float("nan")
         (t0, c0), (t1, c1) = inside[0], inside[-1]
         return (c1 - c0) / ((t1 - t0) / 1e9)
+
+
+@dataclass
+class CpuTrace:
+    """The target's CPU time (user + system, every thread) read ten times a second."""
+
+    pid: int
+    marks: list[tuple[int, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while True:
+            try:
+                with open(f"/proc/{self.pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                return  # the target left
+            self.marks.append((time.monotonic_ns(), (int(fields[11]) + int(fields[12])) / tick))
+            time.sleep(0.1)
+
+    def seconds_between(self, start_ns: int, end_ns: int) -> float:
+        return self._at(end_ns) - self._at(start_ns)
+
+    def _at(self, when_ns: int) -> float:
+        """Interpolated between the marks on either side; NaN outside them."""
+        marks = list(self.marks)
+        index = bisect.bisect_left(marks, (when_ns, float("-inf")))
+        if index < len(marks) and marks[index][0] == when_ns:
+            return marks[index][1]
+        if index == 0 or index == len(marks):
+            return float("nan")
+        (t0, c0), (t1, c1) = marks[index - 1], marks[index]
+        return c0 + (c1 - c0) * (when_ns - t0) / max(1, t1 - t0)
 
 
 def spawn(args: list[str]) -> subprocess.Popen:
@@ -280,6 +324,7 @@ def measure(
 ) -> dict[str, list[float]]:
     """Ratios per configuration, and the bare windows' rates under "bare"."""
     pid, progress, processes = TARGETS[target](threads)
+    cpu = CpuTrace(pid)
     try:
         time.sleep(warmup)
         shuffled = random.Random(threads)
@@ -293,6 +338,11 @@ def measure(
         rates = [
             (name, progress.rate_between(start, end), notes) for name, start, end, notes in windows
         ]
+        # CPU seconds per unit of work: CPU s/s over units/s
+        per_unit = [
+            cpu.seconds_between(start, end) / ((end - start) / 1e9) / rate
+            for (_, start, end, _), (_, rate, _) in zip(windows, rates, strict=True)
+        ]
     finally:
         stop_targets(processes)
     results: dict[str, list[float]] = {"bare": [rate for name, rate, _ in rates if name == "bare"]}
@@ -300,15 +350,21 @@ def measure(
         if name != "bare":
             around = (rates[index - 1][1] + rates[index + 1][1]) / 2
             results.setdefault(name, []).append(rate / around)
+            cpu_ratio = per_unit[index] / ((per_unit[index - 1] + per_unit[index + 1]) / 2)
+            results.setdefault(f"{name}:cpu", []).append(cpu_ratio)
             log(
                 f"# {target} threads {threads} {name}: {rate:.2f}/s, bare around "
-                f"{around:.2f}/s, ratio {rate / around:.3f}" + (f" ({notes})" if notes else "")
+                f"{around:.2f}/s, ratio {rate / around:.3f}, CPU/unit {cpu_ratio:.3f}"
+                + (f" ({notes})" if notes else "")
             )
     return results
 
 
 def table(results: dict[tuple[str, int], dict[str, list[float]]]) -> list[str]:
-    lines = [f"{'target':<8} {'threads':>7}  {'configuration':<28} {'ratio':>6}  spread"]
+    lines = [
+        f"{'target':<8} {'threads':>7}  {'configuration':<28} {'ratio':>6}  {'spread':<11}"
+        "  CPU/unit"
+    ]
     for (target, threads), by_config in results.items():
         bare = by_config["bare"]
         middle = statistics.median(bare)
@@ -318,11 +374,13 @@ def table(results: dict[tuple[str, int], dict[str, list[float]]]) -> list[str]:
             f"  ({middle:.1f}/s)"
         )
         for name, ratios in by_config.items():
-            if name != "bare":
+            if name != "bare" and not name.endswith(":cpu"):
+                cpu = [r for r in by_config.get(f"{name}:cpu", []) if r == r]  # NaN: no marks
                 lines.append(
                     f"{target:<8} {threads:>7}  {name:<28} "
                     f"{statistics.median(ratios):>6.3f}  "
                     f"{min(ratios):.3f}-{max(ratios):.3f}"
+                    + (f"  {statistics.median(cpu):.3f}" if cpu else "")
                 )
     return lines
 

@@ -55,6 +55,8 @@ def test_a_short_run_prints_one_row_per_configuration_and_pool(tmp_path) -> None
         assert len(by_config["profkit-proc"]) == len(by_config["pyspy-native-20hz"]) == 2
         assert len(by_config["noop"]) == 2
         assert len(by_config["bare"]) == 7
+        # and its CPU per copy against theirs
+        assert len(by_config["profkit-proc:cpu"]) == len(by_config["noop:cpu"]) == 2
         assert all(
             math.isfinite(value) and value > 0 for values in by_config.values() for value in values
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import pytest
@@ -30,12 +31,30 @@ def test_configuration_names_parse_into_what_they_run() -> None:
 
 
 def test_table_rows_are_ratios_to_the_bare_windows() -> None:
-    ratios = {"bare": [10.0, 12.0, 11.0], "profkit-proc": [0.9, 1.0]}
+    ratios = {
+        "bare": [10.0, 12.0, 11.0],
+        "profkit-proc": [0.9, 1.0],
+        "profkit-proc:cpu": [1.02, float("nan"), 1.04],
+        "noop": [1.0],
+    }
     lines = overhead.table({("fanout", 8): ratios})
-    assert lines[0].split() == ["target", "threads", "configuration", "ratio", "spread"]
+    assert lines[0].split() == ["target", "threads", "configuration", "ratio", "spread", "CPU/unit"]
     assert lines[1].split()[:6] == ["fanout", "8", "bare", "(noise", "floor)", "1.000"]
     assert "0.909-1.091" in lines[1] and "(11.0/s)" in lines[1]
-    assert lines[2].split() == ["fanout", "8", "profkit-proc", "0.950", "0.900-1.000"]
+    # The CPU ratios are a column of their configuration's row (windows without marks left out),
+    # not a row of their own.
+    assert lines[2].split() == ["fanout", "8", "profkit-proc", "0.950", "0.900-1.000", "1.030"]
+    assert lines[3].split() == ["fanout", "8", "noop", "1.000", "1.000-1.000"]
+    assert len(lines) == 4
+
+
+def test_cpu_trace_interpolates_between_its_marks_and_not_beyond() -> None:
+    trace = overhead.CpuTrace.__new__(overhead.CpuTrace)  # no reader thread: marks by hand
+    trace.pid, trace.marks = 0, [(1_000, 1.0), (2_000, 2.0), (4_000, 2.5)]
+    assert trace.seconds_between(1_500, 3_000) == pytest.approx(2.25 - 1.5)
+    assert trace.seconds_between(1_000, 4_000) == pytest.approx(1.5)
+    assert math.isnan(trace.seconds_between(500, 2_000))
+    assert math.isnan(trace.seconds_between(2_000, 4_001))
 
 
 def test_pooled_runs_print_one_row_per_cell_and_configuration() -> None:
