@@ -17,7 +17,9 @@ per unit of work (request or copy) in each layout against the bare blocks.
 Layouts: aa (nothing attached: the A/A control) | entry (the entry probe with the Python stack
 walker) | end (the region-end probe alone; with no entry it finds no open region and returns)
 | both (entry with walker and end: what a capture attaches) | traps (both points, with programs
-that return at once: the traps alone).
+that return at once: the traps alone) | perf (no probe: perf record, system-wide, as a capture
+starts it, started before the block and stopped after it) | proc, cgroup (no probe: that
+collector of profkit's, sampling from this process over the block as in a capture).
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import json
 import math
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,9 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import TARGETS, stop_targets
 from probe_cost import load
 
+from profkit.capture.clock import monotonic_ns
+from profkit.capture.collectors.base import CaptureContext, CaptureOptions, Collector
+from profkit.capture.collectors.cgroupstat import CgroupCollector
+from profkit.capture.collectors.perfrecord import record_args
+from profkit.capture.collectors.procstat import ProcCollector
 from profkit.capture.ebpf.loader import load_bcc
 from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
 from profkit.host import procfs
+from profkit.host.target import inspect
 
 TRAPS_ONLY = """
 int on_entry_0(struct pt_regs *ctx) { return 0; }
@@ -57,8 +67,14 @@ LAYOUTS = {
     "end": ("regions", False, True),
     "both": ("regions", True, True),
     "traps": ("traps", True, True),
+    "perf": ("", False, False),
+    "proc": ("", False, False),
+    "cgroup": ("", False, False),
 }
+SAMPLERS: dict[str, Callable[[], Collector]] = {"proc": ProcCollector, "cgroup": CgroupCollector}
 SETTLE_S = 0.1  # after an attach or detach, before a block is counted
+# perf record reads every process's memory map as it starts (0.13 s on the 2-core machine)
+PERF_SETTLE_S = 0.4
 
 
 @dataclass(frozen=True)
@@ -95,6 +111,8 @@ class Probes:
             "regions": load(bcc, self.path, walker=True, pid=pid),
             "traps": bcc.BPF(text=TRAPS_ONLY),
         }
+        self.perf = PerfRecord()
+        self.sampler = Sampler(pid)
 
     def points(self, layout: str) -> list[tuple[object, int, str]]:
         name, entry, end = LAYOUTS[layout]
@@ -106,10 +124,17 @@ class Probes:
         ] * end
 
     def attach(self, layout: str) -> None:
+        if layout == "perf":
+            self.perf.start()
+        if layout in SAMPLERS:
+            self.sampler.start(SAMPLERS[layout]())
         for bpf, address, handler in self.points(layout):
             bpf.attach_uprobe(name=self.path, addr=address, fn_name=handler, pid=self.pid)  # type: ignore[attr-defined]
 
     def detach(self, layout: str) -> None:
+        if layout == "perf":
+            self.perf.stop()
+        self.sampler.stop()
         for bpf, address, _ in self.points(layout):
             bpf.detach_uprobe(name=self.path, addr=address, pid=self.pid)  # type: ignore[attr-defined]
 
@@ -118,12 +143,66 @@ class Probes:
         return int(counts[counts.Key(0)].value)
 
     def close(self) -> None:
+        self.perf.stop()
+        self.sampler.stop()
         for bpf in self.programs.values():
             bpf.cleanup()
 
 
+class Sampler:
+    """One of profkit's sampling collectors, started and stopped as a capture does."""
+
+    def __init__(self, pid: int) -> None:
+        self._target = inspect(pid)
+        self._collector: Collector | None = None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+
+    def start(self, collector: Collector) -> None:
+        self._scratch = tempfile.TemporaryDirectory()
+        context = CaptureContext(
+            self._target, Path(self._scratch.name), rate_hz=0, duration_s=0, clock=monotonic_ns
+        )
+        collector.start(context)
+        self._collector = collector
+
+    def stop(self) -> None:
+        if self._collector is not None:
+            self._collector.stop()
+            self._collector = None
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+
+
+class PerfRecord:
+    """perf record with a capture's arguments, into a scratch file that each start replaces."""
+
+    def __init__(self) -> None:
+        self._scratch = tempfile.TemporaryDirectory()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        out = Path(self._scratch.name) / "perf.data"
+        args = record_args(CaptureOptions(), ["-a"], out)
+        self._process = subprocess.Popen(
+            ["perf", *args, "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    def stop(self) -> None:
+        """As a capture stops it: SIGINT, then wait for perf to write its file and exit."""
+        if self._process is None:
+            return
+        process, self._process = self._process, None
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def block(pid: int, layout: str, seconds: float) -> Block:
-    time.sleep(SETTLE_S)
+    time.sleep(PERF_SETTLE_S if layout == "perf" else SETTLE_S)
     cpu, start = process_cpu_ns(pid), time.monotonic_ns()
     time.sleep(seconds)
     end = time.monotonic_ns()
@@ -255,6 +334,8 @@ def main() -> int:
     for layout in layouts:
         if layout not in LAYOUTS:
             raise SystemExit(f"unknown layout {layout}")
+    if args.perf and "perf" in layouts:
+        raise SystemExit("--perf profiles the probe layouts; the perf layout is not one")
     pid, progress, processes = TARGETS[args.target](args.threads)
     blocks: list[Block] = []
     try:
@@ -292,9 +373,10 @@ def main() -> int:
         for b in blocks
         if LAYOUTS.get(b.layout, ("", False, False))[:2] == ("regions", True)
     )
+    counted = f"; {regions / probed_s:,.0f} regions/s" if probed_s else ""
     print(
         f"# {args.target}, {args.threads} threads, {os.cpu_count()} CPUs, {len(blocks)} blocks "
-        f"of {args.block:g} s; {regions / probed_s:,.0f} regions/s"
+        f"of {args.block:g} s{counted}"
     )
     print(f"{'layout':<7} {'blocks':>6} {'ratio':>7}  95% interval   CPU per unit")
     bare_cpu = sum(b.cpu_ns for b in blocks if b.layout == "bare") / sum(

@@ -30,10 +30,38 @@ from ...bundle.safefile import write_new
 from ...host.target import Target
 from ...host.tools import find_tool
 from .. import demangle
-from .base import Availability, CaptureContext
+from .base import Availability, CaptureContext, CaptureOptions
 from .child import ChildTool
 
 CALLGRAPHS = {"fp": ["--call-graph", "fp"], "dwarf": ["--call-graph", "dwarf,16384"]}
+
+
+def record_args(options: CaptureOptions, scope: list[str], out: Path) -> list[str]:
+    """perf record's arguments as a capture runs it (benchmarks/probe_toggle.py runs the same)."""
+    return [
+        "record",
+        "-e",
+        "cpu-clock",
+        "-F",
+        str(options.perf_rate_hz),
+        *CALLGRAPHS[options.perf_callgraph],
+        "-k",
+        "CLOCK_MONOTONIC",
+        # perf script runs on this machine, against the very libraries that were mapped:
+        # build-ids are not needed, and collecting them when perf exits read the whole file
+        # (1.1 s of the teardown for a 3-s system-wide window on 2 CPUs) and copied the
+        # sampled libraries into root's ~/.debug.
+        "--no-buildid",
+        "--no-buildid-cache",
+        # No side-band thread for BPF program events (profkit's own probes among them): at
+        # exit perf joined it only once its 1-s poll timed out, 0-1 s of every teardown.
+        "--no-bpf-event",
+        *scope,
+        "--max-size",
+        f"{options.perf_max_mb}M",
+        "-o",
+        str(out),
+    ]
 
 
 class PerfRecordCollector:
@@ -56,30 +84,7 @@ class PerfRecordCollector:
         options = context.options
         scope = self._scope_args(context)
         self._cpus = scope[2] if len(scope) > 2 else ("all" if scope == ["-a"] else "")
-        args = [
-            "record",
-            "-e",
-            "cpu-clock",
-            "-F",
-            str(options.perf_rate_hz),
-            *CALLGRAPHS[options.perf_callgraph],
-            "-k",
-            "CLOCK_MONOTONIC",
-            # perf script runs on this machine, against the very libraries that were mapped:
-            # build-ids are not needed, and collecting them when perf exits read the whole file
-            # (1.1 s of the teardown for a 3-s system-wide window on 2 CPUs) and copied the
-            # sampled libraries into root's ~/.debug.
-            "--no-buildid",
-            "--no-buildid-cache",
-            # No side-band thread for BPF program events (profkit's own probes among them): at
-            # exit perf joined it only once its 1-s poll timed out, 0-1 s of every teardown.
-            "--no-bpf-event",
-            *scope,
-            "--max-size",
-            f"{options.perf_max_mb}M",
-            "-o",
-            str(context.directory / PERF_DATA),
-        ]
+        args = record_args(options, scope, context.directory / PERF_DATA)
         self._child = ChildTool(self.name, self._tool.path, args, context.directory)
         context.register_child(self._child.pid)
 
