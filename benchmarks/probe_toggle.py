@@ -18,7 +18,9 @@ Layouts: aa (nothing attached: the A/A control) | entry (the entry probe with th
 walker) | end (the region-end probe alone; with no entry it finds no open region and returns)
 | both (entry with walker and end: what a capture attaches) | traps (both points, with programs
 that return at once: the traps alone) | perf (no probe: perf record, system-wide, as a capture
-starts it, started before the block and stopped after it) | proc, cgroup (no probe: that
+starts it, started before the block and stopped after it) | perf-child (the same perf record
+started as a capture starts its tools: profkit's ChildTool, in a session of its own) | proc,
+cgroup (no probe: that
 collector of profkit's, sampling from this process over the block as in a capture).
 """
 
@@ -49,6 +51,7 @@ from probe_cost import load
 from profkit.capture.clock import monotonic_ns
 from profkit.capture.collectors.base import CaptureContext, CaptureOptions, Collector
 from profkit.capture.collectors.cgroupstat import CgroupCollector
+from profkit.capture.collectors.child import ChildTool
 from profkit.capture.collectors.perfrecord import record_args
 from profkit.capture.collectors.procstat import ProcCollector
 from profkit.capture.ebpf.loader import load_bcc
@@ -68,6 +71,7 @@ LAYOUTS = {
     "both": ("regions", True, True),
     "traps": ("traps", True, True),
     "perf": ("", False, False),
+    "perf-child": ("", False, False),
     "proc": ("", False, False),
     "cgroup": ("", False, False),
 }
@@ -124,16 +128,15 @@ class Probes:
         ] * end
 
     def attach(self, layout: str) -> None:
-        if layout == "perf":
-            self.perf.start()
+        if layout.startswith("perf"):
+            self.perf.start(child=layout == "perf-child")
         if layout in SAMPLERS:
             self.sampler.start(SAMPLERS[layout]())
         for bpf, address, handler in self.points(layout):
             bpf.attach_uprobe(name=self.path, addr=address, fn_name=handler, pid=self.pid)  # type: ignore[attr-defined]
 
     def detach(self, layout: str) -> None:
-        if layout == "perf":
-            self.perf.stop()
+        self.perf.stop()
         self.sampler.stop()
         for bpf, address, _ in self.points(layout):
             bpf.detach_uprobe(name=self.path, addr=address, pid=self.pid)  # type: ignore[attr-defined]
@@ -178,21 +181,35 @@ class PerfRecord:
     """perf record with a capture's arguments, into a scratch file that each start replaces."""
 
     def __init__(self) -> None:
-        self._scratch = tempfile.TemporaryDirectory()
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._child: ChildTool | None = None
 
-    def start(self) -> None:
-        out = Path(self._scratch.name) / "perf.data"
-        args = record_args(CaptureOptions(), ["-a"], out)
+    def start(self, child: bool) -> None:
+        self._scratch = tempfile.TemporaryDirectory()
+        directory = Path(self._scratch.name)
+        args = record_args(CaptureOptions(), ["-a"], directory / "perf.data")
+        if child:
+            self._child = ChildTool("perf_record", "perf", args, directory)
+            return
         self._process = subprocess.Popen(
             ["perf", *args, "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
 
     def stop(self) -> None:
         """As a capture stops it: SIGINT, then wait for perf to write its file and exit."""
-        if self._process is None:
-            return
-        process, self._process = self._process, None
+        if self._child is not None:
+            self._child.stop()
+            self._child = None
+        if self._process is not None:
+            self._signal_and_wait(self._process)
+            self._process = None
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+
+    @staticmethod
+    def _signal_and_wait(process: subprocess.Popen[bytes]) -> None:
         process.send_signal(signal.SIGINT)
         try:
             process.wait(timeout=10)
@@ -202,7 +219,7 @@ class PerfRecord:
 
 
 def block(pid: int, layout: str, seconds: float) -> Block:
-    time.sleep(PERF_SETTLE_S if layout == "perf" else SETTLE_S)
+    time.sleep(PERF_SETTLE_S if layout.startswith("perf") else SETTLE_S)
     cpu, start = process_cpu_ns(pid), time.monotonic_ns()
     time.sleep(seconds)
     end = time.monotonic_ns()
@@ -334,8 +351,8 @@ def main() -> int:
     for layout in layouts:
         if layout not in LAYOUTS:
             raise SystemExit(f"unknown layout {layout}")
-    if args.perf and "perf" in layouts:
-        raise SystemExit("--perf profiles the probe layouts; the perf layout is not one")
+    if args.perf and not all(LAYOUTS[layout][0] for layout in layouts if layout != "aa"):
+        raise SystemExit("--perf profiles the probe layouts only")
     pid, progress, processes = TARGETS[args.target](args.threads)
     blocks: list[Block] = []
     try:
@@ -378,11 +395,11 @@ def main() -> int:
         f"# {args.target}, {args.threads} threads, {os.cpu_count()} CPUs, {len(blocks)} blocks "
         f"of {args.block:g} s{counted}"
     )
-    print(f"{'layout':<7} {'blocks':>6} {'ratio':>7}  95% interval   CPU per unit")
+    print(f"{'layout':<10} {'blocks':>6} {'ratio':>7}  95% interval   CPU per unit")
     bare_cpu = sum(b.cpu_ns for b in blocks if b.layout == "bare") / sum(
         w for w, b in zip(work, blocks, strict=True) if b.layout == "bare"
     )
-    print(f"{'bare':<7} {'':>6} {'':>7}  {'':13}  {bare_cpu / 1e3:8.0f} us")
+    print(f"{'bare':<10} {'':>6} {'':>7}  {'':13}  {bare_cpu / 1e3:8.0f} us")
     rows = [[b.layout, rate, b.cpu_ns] for b, rate in zip(blocks, rates, strict=True)]
     out: dict[str, object] = {"blocks": rows}
     for layout in layouts:
@@ -396,7 +413,7 @@ def main() -> int:
             w for w, b in zip(work, blocks, strict=True) if b.layout == layout
         )
         print(
-            f"{layout:<7} {len(ratios):>6} {math.exp(statistics.fmean(ratios)):>7.4f}  "
+            f"{layout:<10} {len(ratios):>6} {math.exp(statistics.fmean(ratios)):>7.4f}  "
             f"{math.exp(low):.4f}-{math.exp(high):.4f}  {cpu / 1e3:8.0f} us "
             f"({100 * (cpu / bare_cpu - 1):+.1f}%)"
         )
