@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,7 +16,6 @@ import pytest
 
 from profkit.bundle.read import load_bundle
 from profkit.capture.budget import SCHED_TRACE_SHARE, region_probe_share
-from profkit.capture.collectors.pyspy import exit_grace_s
 from profkit.capture.ebpf.duty import MIN_DUTY
 from profkit.capture.startup import LONG_STOP_S
 from profkit.host import procfs
@@ -78,27 +76,23 @@ def test_all_six_collectors_have_data(fanout_capture) -> None:  # type: ignore[n
     assert oct((out / "manifest.json").stat().st_mode & 0o777) == "0o600"
 
 
-def documented_seconds(pattern: str) -> tuple[float, float]:
-    """A measured range as docs/safety.md states it, so that the page and the code agree."""
-    found = re.search(pattern, " ".join((ROOT / "docs" / "safety.md").read_text().split()))
-    assert found, f"docs/safety.md no longer states {pattern!r}"
-    return float(found[1]), float(found[2])
-
-
-def test_startup_and_teardown_stay_within_what_the_docs_say(fanout_capture) -> None:  # type: ignore[no-untyped-def]
-    """The documented ranges come from a few captures on a shared machine: one well past the
-    top of a range (half as much again) means the page needs measuring anew."""
+def test_startup_and_teardown_are_accounted_for(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+    """What starting and stopping cost goes to the manifest, tool by tool. How long they take
+    is a measurement, made side by side by benchmarks/attach_span.py (the ranges
+    docs/safety.md quotes), not a bound for a test on a shared machine."""
     out, _ = fanout_capture
     manifest = json.loads((out / "manifest.json").read_text())
-    _, startup = documented_seconds(r"py-spy's symbols: ([\d.]+)-([\d.]+) s of CPU")
-    assert manifest["startup"]["tools_cpu_s"] <= 1.5 * startup, manifest["startup"]
-    _, perf = documented_seconds(r"perf record, the slowest, ([\d.]+)-([\d.]+) s")
-    _, ebpf = documented_seconds(r"and eBPF ([\d.]+)-([\d.]+) s, measured")
+    ran = {n for n, c in manifest["collectors"].items() if c["status"] in ("ok", "partial")}
     teardown = manifest["teardown_s"]
-    # py-spy's own stop waits for its next sample, documented apart from these.
-    slowest = max(t for name, t in teardown.items() if name != "pyspy")
-    assert slowest <= 1.5 * perf, teardown
-    assert teardown["ebpf"] <= 1.5 * ebpf, teardown
+    assert set(teardown) == ran, teardown
+    assert all(seconds >= 0 for seconds in teardown.values()), teardown
+    # py-spy read libtorch's symbols and bcc compiled its programs before the window opened.
+    assert manifest["startup"]["tools_cpu_s"] > 0.1, manifest["startup"]
+    # py-spy and perf were stopped by SIGINT within their grace, and wrote what they had.
+    assert manifest["collectors"]["pyspy"]["notes"]["exit_codes"] == [0], teardown
+    # (perf re-raises SIGINT once it has written perf.data.)
+    perf_exit = manifest["collectors"]["perf_record"]["notes"]["exit_code"]
+    assert perf_exit in (0, -signal.SIGINT), manifest["collectors"]["perf_record"]
 
 
 def test_window_cpu_is_split_by_tool(fanout_capture) -> None:  # type: ignore[no-untyped-def]
@@ -229,17 +223,17 @@ def test_pyspy_is_on_the_bundle_clock(fanout_capture) -> None:  # type: ignore[n
     bundle = load_bundle(out)
     assert bundle.pyspy is not None
     assert recipe.pid in bundle.pyspy.names
-    start, end = bundle.window
     notes = json.loads((out / "manifest.json").read_text())["collectors"]["pyspy"]["notes"]
-    anchor = notes["anchors_ns"][0]
-    # py-spy's samples begin after profkit started it and, at 1 Hz or faster, within the first
-    # seconds of the window (which opens once its attach is over), and go on until it closes.
-    assert anchor - 100_000_000 <= bundle.pyspy.start_ns.min() <= start + 2_000_000_000
-    # After the window py-spy samples on until it notices SIGINT: two random gaps, which pass
-    # 5 s at 1 Hz in 4% of captures. It is stopped harder once its grace is over, so no sample
-    # comes later than that (plus a second for the stop to begin).
-    grace_ns = int((exit_grace_s(int(notes["final_rate_hz"])) + 1.0) * 1e9)
-    assert end - 1_000_000_000 <= bundle.pyspy.end_ns.max() <= end + grace_ns
+    # py-spy stamps its events with the time since it started, which profkit anchors at the
+    # moment it started py-spy: no event can come before that anchor.
+    assert bundle.pyspy.start_ns.min() >= notes["anchors_ns"][0]
+    # On SIGINT py-spy closes every open slice at the moment it writes its trace, just before
+    # it exits; profkit notes when it saw it exit. A wrong anchor moves those last stamps off
+    # that moment. (Its first sample is no such fixed point: the gaps between samples are
+    # drawn from an exponential distribution, 1 s on average at 1 Hz, so the first one after
+    # the window opens comes more than 2 s later in e^-2 = 14% of captures.)
+    exited = max(notes["exited_ns"])
+    assert exited - 500_000_000 <= bundle.pyspy.end_ns.max() <= exited, notes
 
 
 def test_capture_without_bcc_says_why(start_recipe, tmp_path: Path) -> None:

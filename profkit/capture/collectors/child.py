@@ -62,6 +62,9 @@ class ChildTool:
         )
         self.pid: int = self._running.pid
         self.exit_code: int | None = None
+        # When profkit saw it end, on the bundle clock: py-spy writes its trace just before
+        # it exits, so this bounds the trace's last timestamps (None while it runs).
+        self.exited_ns: int | None = None
         self.signals_sent: list[str] = []
 
     def alive(self) -> bool:
@@ -94,6 +97,8 @@ class ChildTool:
         return self.exit_code
 
     def _finish(self) -> None:
+        if self.exited_ns is None and not self.alive():
+            self.exited_ns = time.monotonic_ns()
         if self.exit_code is None and not self.alive():
             with contextlib.suppress(Exception):
                 self._running.wait(timeout=1)

@@ -129,6 +129,7 @@ class PySpyCollector:
             "dropped": self.dropped,
             "exit_codes": [c.exit_code for c, _, _, _ in self._segments],
             "anchors_ns": [c.started_ns for c, _, _, _ in self._segments],
+            "exited_ns": [c.exited_ns for c, _, _, _ in self._segments],
             "native": [n for _, _, _, n in self._segments],
             "mode_reason": self._context.options.pyspy_mode_reason,
             "sigcont_sent_to": resumed,
