@@ -2,14 +2,16 @@
 the span that contains it costs the target.
 
     .venv/bin/python benchmarks/attach_span.py [--target fanout] [--threads 8] [--rounds 3]
-        [--duration 5] [--span 12]
+        [--duration 5] [--span 12] [--collectors all]
 
 The target runs throughout. Spans of --span seconds alternate: bare, then one that starts a
 `profkit attach --duration D --no-report` at its beginning (default collectors), then bare, then
 an A/A control (a child that sleeps as long as the last attach took, nothing else), in a fresh
 order every round. A span's ratio is its throughput over the mean of the bare spans around it.
 Printed per attach: command-to-prompt seconds, start-up (command to window open), window and
-teardown (window close to prompt), and the span ratio; then the medians.
+teardown (window close to prompt), and the span ratio; then the medians, and the ranges of what
+each manifest says: the tools' start-up CPU and each collector's teardown (the figures
+docs/safety.md quotes).
 """
 
 from __future__ import annotations
@@ -33,30 +35,42 @@ sys.path.insert(0, str(ROOT))
 from recipes.launch import attach_command
 
 
-def attach(pid: int, duration: float) -> dict[str, float]:
+def attach(pid: int, duration: float, collectors: str | None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as scratch:
         began = time.monotonic_ns()
         subprocess.run(
-            attach_command(pid, duration=duration, out=f"{scratch}/b", report=False),
+            attach_command(
+                pid, duration=duration, out=f"{scratch}/b", report=False, collectors=collectors
+            ),
             capture_output=True,
             check=False,
             cwd=ROOT,
         )
         ended = time.monotonic_ns()
-        window = json.loads(Path(f"{scratch}/b/manifest.json").read_text())["window"]
+        manifest = json.loads(Path(f"{scratch}/b/manifest.json").read_text())
+    window = manifest["window"]
     return {
         "prompt_s": (ended - began) / 1e9,
         "startup_s": (window["start_ns"] - began) / 1e9,
         "window_s": (window["end_ns"] - window["start_ns"]) / 1e9,
         "teardown_s": (ended - window["end_ns"]) / 1e9,
+        "startup_tools_cpu_s": manifest["startup"]["tools_cpu_s"],
+        **{f"teardown {name}": s for name, s in manifest["teardown_s"].items()},
     }
 
 
-def span(kind: str, pid: int, seconds: float, duration: float, last_prompt_s: float) -> tuple:
+def span(
+    kind: str,
+    pid: int,
+    seconds: float,
+    duration: float,
+    last_prompt_s: float,
+    collectors: str | None,
+) -> tuple:
     start = time.monotonic_ns()
     timing: dict[str, float] = {}
     if kind == "attach":
-        timing = attach(pid, duration)
+        timing = attach(pid, duration, collectors)
     elif kind == "noop":
         subprocess.run([sys.executable, "-c", f"import time; time.sleep({last_prompt_s})"])
     remaining = seconds - (time.monotonic_ns() - start) / 1e9
@@ -74,6 +88,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--span", type=float, default=12.0)
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--collectors", help="attach's --collectors (default: its default set)")
     args = parser.parse_args()
     pid, progress, processes = TARGETS[args.target](args.threads)
     spans = []
@@ -81,20 +96,21 @@ def main() -> int:
         time.sleep(args.warmup)
         order = random.Random(args.threads)
         last = args.duration + 3.0
-        spans.append(span("bare", pid, args.span, args.duration, last))
+        spans.append(span("bare", pid, args.span, args.duration, last, args.collectors))
         for _ in range(args.rounds):
             for kind in order.sample(["attach", "noop"], 2):
-                spans.append(span(kind, pid, args.span, args.duration, last))
+                spans.append(span(kind, pid, args.span, args.duration, last, args.collectors))
                 if kind == "attach":
                     last = spans[-1][3]["prompt_s"]
-                spans.append(span("bare", pid, args.span, args.duration, last))
+                spans.append(span("bare", pid, args.span, args.duration, last, args.collectors))
         time.sleep(0.2)
         rates = [(kind, progress.rate_between(s, e), t) for kind, s, e, t in spans]
     finally:
         stop_targets(processes)
     print(
         f"# {args.target}, {args.threads} threads, {args.rounds} rounds, attach --duration "
-        f"{args.duration:g} inside {args.span:g}-s spans"
+        f"{args.duration:g} inside {args.span:g}-s spans, collectors "
+        f"{args.collectors or 'default'}"
     )
     ratios: dict[str, list[float]] = {"attach": [], "noop": []}
     timings: list[dict[str, float]] = []
@@ -112,8 +128,9 @@ def main() -> int:
             )
         else:
             print(f"noop:   span ratio {ratio:.3f}")
-    for key in ("prompt_s", "startup_s", "teardown_s"):
-        values = [t[key] for t in timings]
+    keys = sorted({key for t in timings for key in t} - {"window_s"})
+    for key in keys:
+        values = [t[key] for t in timings if key in t]
         low, high = min(values), max(values)
         print(f"median {key}: {statistics.median(values):.2f} ({low:.2f}-{high:.2f})")
     for kind, values in ratios.items():
