@@ -77,6 +77,18 @@ class WatchCollector(Collector):
             "Parallel regions the pool ran (OpenMP region probe).",
             ("runtime",),
         )
+        with_stack = _counter(
+            "profkit_pool_regions_with_stack_total",
+            "Of those regions, the ones whose dispatching Python stack the walker read and "
+            "resolved: the part of the pool's CPU that site= places by stack.",
+            ("runtime",),
+        )
+        without_stack = _counter(
+            "profkit_walker_regions_without_stack_total",
+            "Regions the walker read no Python stack for, by reason (no_thread_state, "
+            "read_failures, no_python_frame).",
+            ("reason",),
+        )
         site = _counter(
             "profkit_site_cpu_seconds_total",
             "Pool CPU time by the Python line that dispatched it (top 10 sites; the rest as "
@@ -118,6 +130,10 @@ class WatchCollector(Collector):
                 pool.add_metric([*labels, runtime], value, timestamp=ts)
             for runtime, value in s.regions.items():
                 regions.add_metric([*labels, runtime], value, timestamp=ts)
+            for runtime, value in s.regions_with_stack.items():
+                with_stack.add_metric([*labels, runtime], value, timestamp=ts)
+            for reason, value in s.walk_failures.items():
+                without_stack.add_metric([*labels, reason], value, timestamp=ts)
             for (runtime, name, op), value in s.site_cpu.items():
                 site.add_metric([*labels, runtime, name, op], value, timestamp=ts)
             if s._baselines or s.periods:
@@ -134,7 +150,8 @@ class WatchCollector(Collector):
                 recommended.add_metric(labels, s.recommended)
             for finding_id, (severity, value) in s.findings.items():
                 finding.add_metric([*labels, finding_id, severity], value)
-        yield from (process, python, pool, regions, site, periods, throttled, throttled_s)
+        yield from (process, python, pool, regions, with_stack, without_stack, site)
+        yield from (periods, throttled, throttled_s)
         yield from (threads, quota, recommended, finding)
         agent = snap.agent
         if agent.pusher is not None:

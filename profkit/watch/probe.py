@@ -122,6 +122,11 @@ class RegionProbe:
         except (PyRuntimeUnsupported, OSError):
             return None
 
+    def walk_counts(self) -> dict[str, int]:
+        """The walker's outcomes so far, by WALK_COUNTS name; {} while it is off."""
+        c = self._collector
+        return c.walker.counts() if self.walker_on and c and c.walker else {}
+
     def stacks(self) -> dict[int, tuple[StackCounts, tuple[PyFrameInfo, ...]]]:
         """Every stack seen so far with its cumulative counts; frames resolved once per id."""
         bpf = self.bpf

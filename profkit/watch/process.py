@@ -20,7 +20,7 @@ from ..analysis.attribution import _resolve_op
 from ..errors import ProfkitError
 from ..host import procfs
 from ..host.target import Target, inspect, pool_threads
-from .probe import NoProbe, PyFrameInfo, RegionProbe
+from .probe import NoProbe, PyFrameInfo, RegionProbe, StackCounts
 
 POOL_NAME = {"libgomp": "openmp", "libiomp5": "openmp"}
 UNKNOWN_SITE = "unknown"
@@ -42,6 +42,8 @@ class ProcessWindow:
     python_cpu: float
     pool_cpu: float
     regions: int
+    regions_with_stack: int  # of those, regions whose dispatching Python stack was read
+    walk_failures: dict[str, int]  # regions the walker read no stack for, by WALK_COUNTS reason
     runtime: str | None  # pool name ("openmp"), None without an OpenMP runtime
     team_size: int  # workers seen + the dispatching thread, else the configured pool
     team_source: str
@@ -49,6 +51,15 @@ class ProcessWindow:
     site_stacks: dict[SiteKey, tuple[PyFrameInfo, ...]]
     python_threads: dict[str, float]  # "name (tid)" -> CPU seconds
     other_threads: dict[str, float]
+
+
+# The walker's outcomes that leave a region without a stack (capture/ebpf/pywalk.py WALK_COUNTS;
+# "truncated" stacks still carry their innermost frames, and so their site).
+WALK_FAILURES = ("no_thread_state", "read_failures", "no_python_frame")
+
+
+def _regions_with_frames(stacks: dict[int, tuple[StackCounts, tuple[PyFrameInfo, ...]]]) -> int:
+    return sum(counts.regions for counts, frames in stacks.values() if frames)
 
 
 def _code_ranges(pid: int, path: str) -> list[tuple[int, int]]:
@@ -87,6 +98,8 @@ class WatchedProcess:
     _process_cpu: float = 0.0
     _regions: int = 0
     _stacks: dict[int, int] = field(default_factory=dict)  # stack id -> region_ns so far
+    _with_stack: int = 0  # regions so far whose stack resolved to frames
+    _walks: dict[str, int] = field(default_factory=dict)  # the walker's counts so far
     _workers: set[int] = field(default_factory=set)  # seen in the runtime's code
     _not_workers: set[int] = field(default_factory=set)  # seen blocked outside it
     _runtime_code: list[tuple[int, int]] = field(default_factory=list)
@@ -122,7 +135,10 @@ class WatchedProcess:
             with contextlib.suppress(OSError):
                 self._runtime_code = _code_ranges(self.pid, rt.path)
         self._regions = self.probe.regions()
-        self._stacks = {i: c.region_ns for i, (c, _) in self.probe.stacks().items()}
+        stacks = self.probe.stacks()
+        self._stacks = {i: c.region_ns for i, (c, _) in stacks.items()}
+        self._with_stack = _regions_with_frames(stacks)
+        self._walks = self.probe.walk_counts()
 
     def look_for_runtime(self) -> bool:
         """Read the process's maps again; once it has loaded an OpenMP runtime, load the probe.
@@ -222,6 +238,13 @@ class WatchedProcess:
             site_cpu = {SiteKey(UNKNOWN_SITE, "", ""): pool_cpu}
         else:
             site_cpu = {}
+        with_stack = _regions_with_frames(stacks)
+        walks = self.probe.walk_counts()
+        failures = {
+            name: max(0, n - self._walks.get(name, 0))
+            for name, n in walks.items()
+            if name in WALK_FAILURES
+        }
         configured, source = pool_threads(self.target)
         if members and self.runtime:
             team, source = len(members) + 1, "workers seen in /proc"
@@ -233,6 +256,8 @@ class WatchedProcess:
             python_cpu=sum(python_threads.values()),
             pool_cpu=pool_cpu,
             regions=max(0, regions - self._regions),
+            regions_with_stack=max(0, with_stack - self._with_stack),
+            walk_failures=failures,
             runtime=self.runtime,
             team_size=team,
             team_source=source,
@@ -243,6 +268,7 @@ class WatchedProcess:
         )
         self._cpu, self._process_cpu, self._regions, self._last_s = cpu, process_cpu, regions, now
         self._stacks = {i: c.region_ns for i, (c, _) in stacks.items()}
+        self._with_stack, self._walks = with_stack, walks
         return window
 
     def close(self) -> None:

@@ -73,6 +73,8 @@ class TargetSeries:
     python_cpu: float = 0.0
     pool_cpu: dict[str, float] = field(default_factory=dict)
     regions: dict[str, int] = field(default_factory=dict)
+    regions_with_stack: dict[str, int] = field(default_factory=dict)
+    walk_failures: dict[str, int] = field(default_factory=dict)  # reason -> regions
     site_cpu: dict[tuple[str, str, str], float] = field(default_factory=dict)
     periods: int = 0
     throttled_periods: int = 0
@@ -146,6 +148,11 @@ class TargetSeries:
                 continue
             self.pool_cpu[w.runtime] = self.pool_cpu.get(w.runtime, 0.0) + w.pool_cpu
             self.regions[w.runtime] = self.regions.get(w.runtime, 0) + w.regions
+            self.regions_with_stack[w.runtime] = (
+                self.regions_with_stack.get(w.runtime, 0) + w.regions_with_stack
+            )
+            for reason, count in w.walk_failures.items():
+                self.walk_failures[reason] = self.walk_failures.get(reason, 0) + count
             acc = pools.setdefault(w.runtime, [0.0, 0.0])
             acc[0] += w.pool_cpu
             acc[1] += w.regions

@@ -15,6 +15,12 @@ SITES = {"site_one": 1, "site_two": 2, "site_three": 3}
 SITE_CPU = re.compile(r"^profkit_site_cpu_seconds_total\{(?P<labels>[^}]*)\} (?P<value>\S+)", re.M)
 
 
+def counter(metrics: str, name: str) -> float:
+    found = re.search(rf"^{name}\{{[^}}]*\}} (\S+)", metrics, re.M)
+    assert found, (name, metrics)
+    return float(found.group(1))
+
+
 def line_of(needle: str) -> int:
     lines = (RECIPES / "sites.py").read_text().splitlines()
     return next(i for i, text in enumerate(lines, 1) if needle in text)
@@ -35,13 +41,21 @@ def test_sites_in_the_recipes_ratio(start_recipe) -> None:
         a.wait_serving()
         deadline = time.monotonic() + 60
         cpu: dict[str, float] = {}
+        metrics = ""
         while time.monotonic() < deadline:
             time.sleep(1)
-            cpu = site_cpu(a.metrics())
+            metrics = a.metrics()
+            cpu = site_cpu(metrics)
             if len(cpu) == 3 and sum(cpu.values()) > 2.0:
                 break
         code, _ = a.terminate()
     assert code == 0, a.output
+    # Every region the probe counted carries its Python stack (the two counters are read a
+    # moment apart, so a window's last few regions may be in one and not yet the other).
+    regions = counter(metrics, "profkit_pool_regions_total")
+    with_stack = counter(metrics, "profkit_pool_regions_with_stack_total")
+    assert regions > 100 and with_stack >= 0.99 * regions, metrics
+    assert "profkit_walker_regions_without_stack_total{" in metrics, metrics
     assert len(cpu) == 3, cpu
     total = sum(cpu.values())
     for site, weight in SITES.items():

@@ -18,6 +18,8 @@ def window(sites: dict[SiteKey, float]) -> ProcessWindow:
         python_cpu=0.5,
         pool_cpu=sum(sites.values()),
         regions=100,
+        regions_with_stack=100,
+        walk_failures={},
         runtime="openmp",
         team_size=4,
         team_source="workers seen in /proc",

@@ -123,6 +123,12 @@ class PythonWalker:
                     if self._unmatched[tid] >= 2:
                         self._native.add(tid)
 
+    def counts(self) -> dict[str, int]:
+        """The kernel's walk outcomes so far (WALK_COUNTS), zero before attach."""
+        if self._bpf is None:
+            return dict.fromkeys(WALK_COUNTS, 0)
+        return {name: self._count(i) for i, name in enumerate(WALK_COUNTS)}
+
     def _count(self, index: int) -> int:
         assert self._bpf is not None
         try:
@@ -141,7 +147,7 @@ class PythonWalker:
         if self.layout is None or self._bpf is None:
             return {"walker": "off", "reason": self.reason}, {}
         bpf = self._bpf
-        counts = {name: self._count(i) for i, name in enumerate(WALK_COUNTS)}
+        counts = self.counts()
         # Counted per (stack, runtime copy) in the kernel; the bundle's per-region log says
         # which copy ran each region, so the stack list needs only the sums.
         stats: dict[int, tuple[int, int]] = {}
