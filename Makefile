@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test` (CI runs this one).
-# Both lint and test type-check profkit with mypy (configured in pyproject.toml).
+# Both lint and test run ruff and type-check profkit with mypy (configured in pyproject.toml).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PROFKIT := $(VENV)/bin/profkit
@@ -13,14 +13,18 @@ setup:
 demo: setup
 	@$(PY) recipes/demo.py
 
+RUFF_PATHS := profkit recipes tests benchmarks scripts
+
 test:
 	@bash scripts/setup.sh --test
+	@$(VENV)/bin/ruff check $(RUFF_PATHS)
+	@$(VENV)/bin/ruff format --check $(RUFF_PATHS)
 	@$(MYPY)
 	@$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 lint: setup
-	@$(VENV)/bin/ruff check profkit recipes tests benchmarks
-	@$(VENV)/bin/ruff format --check profkit recipes tests benchmarks
+	@$(VENV)/bin/ruff check $(RUFF_PATHS)
+	@$(VENV)/bin/ruff format --check $(RUFF_PATHS)
 	@$(MYPY)
 
 clean:
