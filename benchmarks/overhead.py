@@ -20,7 +20,10 @@ the target's own work shows in its CPU per unit, which scatters much less. The J
 those ratios under `NAME:cpu`.
 
 Configurations: bare | noop (an A/A control: a child process that only sleeps, then a window
-measured like a profiled one; its ratio shows the method's own bias) | pyspy-native-<N>hz
+measured like a profiled one; its ratio shows the method's own bias) | noop-burn (a control for
+what profkit's start-up leaves behind: a child that spends as much CPU and memory as a capture's
+start-up, on the same schedule, profiles nothing, and then a window measured like a profiled
+one) | pyspy-native-<N>hz
 (py-spy record --native --idle alone) | profkit-default[-nonblocking] |
 profkit-<collector>[+<collector>...][-<N>hz], each profkit one optionally ending in -budget<P>
 (`--budget P`: profkit-default-budget0.3 is the default set with the region probes detached on
@@ -61,7 +64,7 @@ DEFAULT_CONFIGS = (
 @dataclass(frozen=True)
 class Config:
     name: str
-    kind: str  # "noop" (control), "pyspy" (py-spy alone) or "profkit"
+    kind: str  # "noop" or "burn" (controls), "pyspy" (py-spy alone) or "profkit"
     collectors: str = ""  # "" = profkit's default set
     rate: str = ""  # py-spy rate ("" = profkit's default)
     mode: str = ""  # profkit's py-spy mode ("" = profkit's default)
@@ -71,6 +74,8 @@ class Config:
 def parse_config(name: str) -> Config:
     if name == "noop":
         return Config(name, "noop")
+    if name == "noop-burn":
+        return Config(name, "burn")
     if name.startswith("pyspy-native-") and name.endswith("hz"):
         return Config(name, "pyspy", rate=name.removeprefix("pyspy-native-").removesuffix("hz"))
     if not name.startswith("profkit-"):
@@ -266,6 +271,9 @@ def profile(config: Config, pid: int, seconds: float) -> tuple[int, int, str]:
             # As long as profkit takes to start, in a child process, then an untouched window.
             subprocess.run([sys.executable, "-c", "import time; time.sleep(1.5)"], check=True)
             return (*bare_window(seconds), "")
+        if config.kind == "burn":
+            subprocess.run([sys.executable, "-c", BURN], check=True)
+            return (*bare_window(seconds), "")
         if config.kind == "pyspy":
             start = time.monotonic_ns()
             subprocess.run(
@@ -305,6 +313,22 @@ def profile(config: Config, pid: int, seconds: float) -> tuple[int, int, str]:
         manifest = json.loads(Path(f"{scratch}/b/manifest.json").read_text())
         window = manifest["window"]
         return window["start_ns"], window["end_ns"], profkit_notes(manifest)
+
+
+# What a default capture's start-up does before its window opens, on 2 cores (the attach-span
+# results): about 0.8 s of CPU (imports, clang compiling the probes, a few hundred MB touched)
+# over 1.5 s, then about 0.4 s of settling.
+BURN = """
+import time
+began = time.monotonic()
+heap = bytearray(256 << 20)
+for i in range(0, len(heap), 4096):
+    heap[i] = 1
+del heap
+while time.process_time() < 0.8:
+    pass
+time.sleep(max(0.0, 1.5 - (time.monotonic() - began)) + 0.4)
+"""
 
 
 def bare_window(seconds: float) -> tuple[int, int]:
