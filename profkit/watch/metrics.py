@@ -85,8 +85,8 @@ class WatchCollector(Collector):
         )
         without_stack = _counter(
             "profkit_walker_regions_without_stack_total",
-            "Regions the walker read no Python stack for, by reason (no_thread_state, "
-            "read_failures, no_python_frame).",
+            "Regions of any probed pool that the walker read no Python stack for, by reason "
+            "(no_thread_state, read_failures, no_python_frame).",
             ("reason",),
         )
         site = _counter(

@@ -7,19 +7,22 @@ import time
 
 import pytest
 
+from profkit.watch.metrics import AgentCounters, Snapshot, WatchCollector
 from profkit.watch.process import ProcessWindow, SiteKey
 from profkit.watch.series import OTHER_SITE, TOP_SITES, TargetSeries
 
 
-def window(sites: dict[SiteKey, float]) -> ProcessWindow:
+def window(
+    sites: dict[SiteKey, float], with_stack: int = 100, failures: dict[str, int] | None = None
+) -> ProcessWindow:
     return ProcessWindow(
         seconds=1.0,
         process_cpu=sum(sites.values()) + 0.5,
         python_cpu=0.5,
         pool_cpu=sum(sites.values()),
         regions=100,
-        regions_with_stack=100,
-        walk_failures={},
+        regions_with_stack=with_stack,
+        walk_failures=failures or {},
         runtime="openmp",
         team_size=4,
         team_source="workers seen in /proc",
@@ -50,3 +53,24 @@ def test_top_ten_sites_and_other() -> None:
     assert ("openmp", "app.py:1", "aten::copy_") not in series.site_cpu
     assert series.site_cpu[("openmp", OTHER_SITE, "")] == pytest.approx(0.09 + 0.5 + 0.001)
     assert sum(series.site_cpu.values()) == pytest.approx(series.pool_cpu["openmp"])
+
+
+def test_regions_with_their_stack_and_the_walkers_misses() -> None:
+    """Counters over windows, as a scrape renders them: regions with a stack beside all
+    regions, and the ones without by the walker's reason."""
+    series = TargetSeries(("t", "", "", ""))
+    key = SiteKey("app.py:7", "f", "aten::copy_")
+    series.add([window({key: 0.2}, 90, {"no_thread_state": 10, "read_failures": 0})], {}, 4, 1.0)
+    series.add([window({key: 0.2}, 97, {"no_thread_state": 1, "read_failures": 2})], {}, 4, 2.0)
+    collector = WatchCollector()
+    collector.publish(Snapshot((series,), AgentCounters()))
+    samples = {
+        (m.name, s.labels.get("reason", "")): s.value
+        for m in collector.collect()
+        for s in m.samples
+        if s.labels.get("target") == "t"
+    }
+    assert samples[("profkit_pool_regions", "")] == 200
+    assert samples[("profkit_pool_regions_with_stack", "")] == 187
+    assert samples[("profkit_walker_regions_without_stack", "no_thread_state")] == 11
+    assert samples[("profkit_walker_regions_without_stack", "read_failures")] == 2
