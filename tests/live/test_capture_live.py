@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from profkit.bundle.read import load_bundle
-from profkit.capture.budget import SCHED_TRACE_SHARE, region_probe_share
+from profkit.capture.budget import DROP, SCHED_TRACE_SHARE, region_probe_share
 from profkit.capture.ebpf.duty import MIN_DUTY
 from profkit.capture.startup import LONG_STOP_S
 from profkit.host import procfs
@@ -83,13 +83,15 @@ def test_startup_and_teardown_are_accounted_for(fanout_capture) -> None:  # type
     out, _ = fanout_capture
     manifest = json.loads((out / "manifest.json").read_text())
     ran = {n for n, c in manifest["collectors"].items() if c["status"] in ("ok", "partial")}
+    # (A collector the budget dropped during the window was stopped then, not at teardown.)
+    dropped = {d["collector"] for d in manifest["budget_decisions"] if d["action"] == DROP}
     teardown = manifest["teardown_s"]
-    assert set(teardown) == ran, teardown
+    assert set(teardown) <= ran and ran - set(teardown) <= dropped, teardown
     assert all(seconds >= 0 for seconds in teardown.values()), teardown
     # py-spy read libtorch's symbols and bcc compiled its programs before the window opened.
     assert manifest["startup"]["tools_cpu_s"] > 0.1, manifest["startup"]
     # py-spy and perf were stopped by SIGINT within their grace, and wrote what they had.
-    assert manifest["collectors"]["pyspy"]["notes"]["exit_codes"] == [0], teardown
+    assert all(code == 0 for code in manifest["collectors"]["pyspy"]["notes"]["exit_codes"])
     # (perf re-raises SIGINT once it has written perf.data.)
     perf_exit = manifest["collectors"]["perf_record"]["notes"]["exit_code"]
     assert perf_exit in (0, -signal.SIGINT), manifest["collectors"]["perf_record"]
