@@ -12,8 +12,10 @@ import os
 import platform
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
 from ..errors import BadBundle, OutputError
@@ -274,3 +276,22 @@ def enforce_max_size(directory: Path, max_bytes: int) -> list[str]:
             path.unlink()
             dropped.append(name)
     return dropped
+
+
+def finish_within(
+    directory: Path, max_bytes: int, manifest_for: Callable[[list[str]], dict[str, Any]]
+) -> dict[str, Any]:
+    """Write the final manifest and leave the whole bundle, that manifest included, under
+    max_bytes; manifest_for builds it from what was dropped so far.
+
+    The manifest grows with every part dropped (its name, the owner's new status), so it is
+    written, the size checked again, and both repeated until nothing more goes. When only the
+    manifest and parts that cannot go are left, the bundle stays as it is."""
+    degraded: list[str] = []
+    while True:
+        manifest = manifest_for(list(degraded))
+        write_manifest(directory, manifest)
+        more = enforce_max_size(directory, max_bytes)
+        if not more:
+            return manifest
+        degraded.extend(more)

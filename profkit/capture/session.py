@@ -25,7 +25,7 @@ from ..bundle.safefile import held_directory
 from ..bundle.write import (
     collector_record,
     create_directory,
-    enforce_max_size,
+    finish_within,
     new_manifest,
     target_record,
     torch_version_of,
@@ -365,15 +365,25 @@ class Session:
         for name, why in self.dropped.items():
             if name in results:
                 results[name] = replace(results[name], status="partial", reason=why)
-        degraded = enforce_max_size(self.directory, int(request.max_size_mb * 1024 * 1024))
-        for name in degraded:
-            owner = OWNER.get(name)
-            if owner in results and results[owner].status == "ok":
-                results[owner] = replace(
-                    results[owner],
-                    status="partial",
-                    reason=f"{name} dropped to keep the bundle under --max-size",
-                )
+        max_bytes = int(request.max_size_mb * 1024 * 1024)
+
+        def manifest_for(degraded: list[str]) -> dict:
+            for name in degraded:
+                owner = OWNER.get(name)
+                if owner in results and results[owner].status == "ok":
+                    results[owner] = replace(
+                        results[owner],
+                        status="partial",
+                        reason=f"{name} dropped to keep the bundle under --max-size",
+                    )
+            return self._final_manifest(window, stop_seconds, degraded)
+
+        return finish_within(self.directory, max_bytes, manifest_for)
+
+    def _final_manifest(
+        self, window: Window, stop_seconds: dict[str, float], degraded: list[str]
+    ) -> dict:
+        request, results = self.request, self.results
         assert self.manifest is not None  # written by open()
         manifest = self.manifest
         manifest.update(
@@ -406,13 +416,12 @@ class Session:
                 # How long each collector took to stop and write its part, after the window.
                 "teardown_s": stop_seconds,
                 "budget_decisions": [vars(d) for d in window.decisions],
-                "dropped_for_size": degraded,
+                "dropped_for_size": list(degraded),
             }
         )
         overlaps = [*self.overlaps, *self.record.overlaps()]
         if overlaps:
             manifest["overlapped_with"] = overlaps
-        write_manifest(self.directory, manifest)
         return manifest
 
     def _stop_all(self) -> dict[str, float]:
