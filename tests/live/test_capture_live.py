@@ -218,6 +218,13 @@ def test_proc_reads_the_main_thread_often_and_every_thread_each_second(fanout_ca
     for tid in set(tids.tolist()) - {recipe.pid}:
         assert set(times[tids == tid].tolist()) <= set(full.tolist()), tid
     assert len(proc["process"]["t_ns"]) == len(main)
+    # The cumulative extras are read at the window's two ends only.
+    samples = proc["samples"]
+    ends = {int(full[0]), int(full[-1])}
+    for t, runtime, vcsw in zip(
+        samples["t_ns"], samples["runtime_ns"], samples["vcsw"], strict=True
+    ):
+        assert (runtime >= 0 and vcsw >= 0) == (t in ends), (t, runtime, vcsw)
 
 
 def test_pyspy_is_on_the_bundle_clock(fanout_capture) -> None:  # type: ignore[no-untyped-def]

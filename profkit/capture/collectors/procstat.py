@@ -19,8 +19,8 @@ from .base import Availability, CaptureContext
 from .periodic import PeriodicSampler
 
 COLUMNS = ("t_ns", "tid", "utime", "stime", "runtime_ns", "state", "vcsw", "nvcsw", "cpu")
-# Every thread's files are read once a second: the counters are cumulative, so a window's CPU
-# per thread needs only its two ends, and the pool's CPU over time is drawn in half-second bins.
+# Every thread's stat is read once a second: the counters are cumulative, so a window's CPU per
+# thread needs only its two ends, and the pool's CPU over time is drawn in half-second bins.
 # Between those full samples only the process's stat and the main thread's are read, five times
 # a second: the process's CPU line, and the stop budget's signal (py-spy --native stops the
 # main thread with every sample). Reading every thread at 5 Hz took the sampler 3.7 ms of CPU
@@ -30,11 +30,13 @@ THREAD_INTERVAL_S = 1.0
 # threads a second. (Reading 400 a second, the sampler alone cost the serving recipe with 64
 # threads 3% of its requests/s on 2 CPUs: 0.960-0.993, 0.012 cores.)
 THREAD_READS_PER_S = 200
-# The context-switch counts (status) are read at every 5th full sample: they are the costliest
-# file, and cumulative too.
-SWITCHES_EVERY = 5
 
 
+# schedstat's run time and status's context switches are cumulative and only their window
+# totals are used, so they are read at the first and the last full sample (-1 in between), and
+# the thread list is read again only when the process's thread count changes or a thread's
+# file is gone: on a 130-thread front each of those is a pass of ~1 ms a second
+# (docs/results/overhead.md, "profkit's own CPU").
 def parse_switches(text: str) -> tuple[int, int]:
     """Voluntary and involuntary context switches from a status file's text."""
     vcsw = nvcsw = -1
@@ -60,6 +62,8 @@ class ProcCollector:
         self._sampler: PeriodicSampler | None = None
         self._full_every = 1
         self._schedstat = True
+        self._tids: list[int] = []
+        self._relist = True
         self._fds: dict[tuple[int | None, str], int] = {}
 
     def available(self, target: Target) -> Availability:
@@ -74,31 +78,30 @@ class ProcCollector:
         self._sampler = PeriodicSampler(self.name, self.interval_s, self._sample, context.clock)
         self._sampler.start()
 
-    def _sample(self, now_ns: int, full: bool | None = None) -> bool:
+    def _sample(self, now_ns: int, full: bool | None = None, last: bool = False) -> bool:
         assert self._context is not None
         pid = self._context.target.pid
         if full is None:
             full = len(self.process_rows) % self._full_every == 0
+        ends = full and (last or not self.full_t_ns)  # read the cumulative extras
         try:
             process = procfs.parse_stat(self._read(pid, None, "stat"))
-            tids = procfs.list_tids(pid) if full else [pid]
+            if full and (self._relist or process.num_threads != len(self._tids)):
+                self._tids, self._relist = procfs.list_tids(pid), False
+                self._forget_exited(set(self._tids))
         except (FileNotFoundError, ProcessLookupError):
             return False  # the target exited
         self.process_rows.append((now_ns, process.utime_ticks, process.stime_ticks))
-        read_switches_now = full and len(self.full_t_ns) % SWITCHES_EVERY == 0
-        for tid in tids:
+        for tid in self._tids if full else [pid]:
             try:
                 text = self._read(pid, tid, "stat")
                 state, utime, stime, cpu = procfs.stat_counters(text)
-                runtime_ns = self._runtime(pid, tid) if full and self._schedstat else -1
-                vcsw, nvcsw = (
-                    parse_switches(self._read(pid, tid, "status"))
-                    if read_switches_now
-                    else (-1, -1)
-                )
+                runtime_ns = self._runtime(pid, tid) if ends and self._schedstat else -1
+                vcsw, nvcsw = parse_switches(self._read(pid, tid, "status")) if ends else (-1, -1)
             except (FileNotFoundError, ProcessLookupError):
+                self._relist = True
                 continue  # the thread exited between listing and reading
-            if runtime_ns == 0 and len(self.full_t_ns) > 2:
+            if runtime_ns == 0 and tid == pid:
                 self._schedstat = False  # the kernel does not keep it: stop reading it
             if tid not in self.names:
                 self.names[tid] = procfs.parse_stat(text).comm
@@ -107,8 +110,6 @@ class ProcCollector:
             )
         if full:
             self.full_t_ns.append(now_ns)
-        if full and len(self._fds) > 3 * len(tids) + 8:  # stat, schedstat, status each
-            self._forget_exited(set(tids))
         return True
 
     def _read(self, pid: int, tid: int | None, name: str) -> str:
@@ -131,8 +132,9 @@ class ProcCollector:
         return text
 
     def _forget_exited(self, alive: set[int]) -> None:
-        """Close the files of threads that exited without a read noticing (a target that
-        starts and ends threads all the time would otherwise pile up descriptors)."""
+        """Close the files of threads that exited (a target that starts and ends threads all the
+        time would otherwise pile up descriptors; schedstat and status stay open between the
+        first and the last full sample)."""
         for key in [k for k in self._fds if k[0] is not None and k[0] not in alive]:
             with contextlib.suppress(OSError):
                 os.close(self._fds.pop(key))
@@ -166,7 +168,7 @@ class ProcCollector:
         if not self._sampler.exhausted and self._sampler.error is None:
             # One last full sample, so that the threads' CPU reaches the end of the window.
             with contextlib.suppress(OSError):
-                self._sample(self._context.clock(), full=True)
+                self._sample(self._context.clock(), full=True, last=True)
         self._close_files()
         columns = {name: [row[i] for row in self.rows] for i, name in enumerate(COLUMNS)}
         payload = {
