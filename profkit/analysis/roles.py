@@ -148,7 +148,7 @@ def classify(
         pool, evidence = None, ""
         if counter:
             pool = counter.most_common(1)[0][0]
-            evidence = f"{sum(counter.values())} perf samples in the {pool} runtime"
+            evidence = f"{sum(counter.values())} native samples in the {pool} runtime"
         elif woken_by_python[tid] >= MIN_WAKEUPS and openmp_path:
             pool = _copy_by_slices(bundle, tid, [n for n in copies if n.startswith("openmp")])
             evidence = f"woken {woken_by_python[tid]} times by a Python thread"

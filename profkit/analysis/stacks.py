@@ -180,7 +180,7 @@ def _merged(
             else {}
         )
         if not worker_counts:
-            worker_counts = {(Node("[no perf samples]", SYNTHETIC),): 1.0}
+            worker_counts = {(Node("[no native samples]", SYNTHETIC),): 1.0}
         head = Node(f"[{pool.pool.name} pool x{pool.pool.team_size}]", SYNTHETIC)
         sites = pool.attribution.sites
         grafts = [

@@ -14,6 +14,9 @@ PYSPY = "pyspy.json"
 PERF_STAT = "perf_stat.json"
 PERF = "perf.json"
 EBPF = "ebpf.json"
+# Every thread's native stacks from the eBPF sampler, in perf.json's tables: written where perf
+# record is not in the capture, and read as its samples.
+NATIVE = "native.json"
 
 PYSPY_TRACE = "pyspy.chrometrace.json"  # py-spy's first segment; a restart starts another
 PYSPY_TRACES = "pyspy.chrometrace*.json"
@@ -48,6 +51,7 @@ PARTS = (
     Part(PERF_DATA, "perf_record", raw=True),
     Part(PERF, "perf_record"),
     Part(EBPF, "ebpf"),
+    Part(NATIVE, "ebpf"),
     Part(TOOL_STDOUT, "", raw=True),
     Part(TOOL_STDERR, "", raw=True),
 )

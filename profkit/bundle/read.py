@@ -9,7 +9,7 @@ from typing import TypedDict
 import numpy as np
 
 from ..errors import BadBundle
-from .parts import CGROUP, EBPF, OWNER, PERF, PROC, PYSPY
+from .parts import CGROUP, EBPF, NATIVE, OWNER, PERF, PROC, PYSPY
 from .write import load_manifest, load_part
 
 I64 = np.int64
@@ -63,6 +63,7 @@ class PerfSamples:
     period_ns: np.ndarray
     stack: np.ndarray
     callgraph: str
+    source: str = "perf record"  # or "eBPF": the walker's sampler, where perf record did not run
 
 
 @dataclass(frozen=True)
@@ -291,23 +292,29 @@ def python_samples_from_ebpf(directory: Path, manifest: dict) -> PySpySpans | No
 
 
 def _perf(directory: Path, manifest: dict) -> PerfSamples | None:
+    """perf record's samples, or where it was not in the capture the eBPF sampler's native
+    stacks, which native.json holds in the same tables."""
+    name = PERF
     data = load_part(directory, PERF)
+    if data is None:
+        name, data = NATIVE, load_part(directory, NATIVE)
     if data is None:
         return None
     try:
         samples = data["samples"]
-        notes = manifest["collectors"].get(OWNER[PERF], {}).get("notes", {})
+        notes = manifest["collectors"].get(OWNER[name], {}).get("notes", {})
         return PerfSamples(
             frames=tuple((str(f[0]), str(f[1])) for f in data["frames"]),
             stacks=tuple(tuple(s) for s in data["stacks"]),
-            t_ns=_array(samples["t_ns"], "t_ns", PERF),
-            tid=_array(samples["tid"], "tid", PERF),
-            period_ns=_array(samples["period_ns"], "period_ns", PERF),
-            stack=_array(samples["stack"], "stack", PERF),
+            t_ns=_array(samples["t_ns"], "t_ns", name),
+            tid=_array(samples["tid"], "tid", name),
+            period_ns=_array(samples["period_ns"], "period_ns", name),
+            stack=_array(samples["stack"], "stack", name),
             callgraph=str(notes.get("callgraph", "fp")),
+            source="perf record" if name == PERF else "eBPF",
         )
     except (KeyError, TypeError, IndexError) as exc:
-        raise BadBundle(f"{PERF} lacks {exc}") from exc
+        raise BadBundle(f"{name} lacks {exc}") from exc
 
 
 def _sched(directory: Path, manifest: dict) -> SchedData | None:

@@ -23,6 +23,7 @@ from ..host.target import Target, pool_threads
 from .parts import (
     EBPF,
     MANIFEST,
+    NATIVE,
     PERF,
     PERF_DATA,
     PERF_STAT,
@@ -240,7 +241,7 @@ def directory_size(directory: Path) -> int:
 # What goes first when a bundle is over --max-size: raw artifacts analysis does not need, then
 # the eBPF scheduler slices (timeline detail), then whole normalised files, least needed first.
 RAW_ARTIFACTS = (PERF_DATA, PYSPY_TRACES, PERF_STAT_CSV, TOOL_STDOUT)
-NORMALISED_ORDER = (PERF_STAT, PERF, PYSPY, EBPF)
+NORMALISED_ORDER = (PERF_STAT, PERF, NATIVE, PYSPY, EBPF)
 
 
 def _shrink_ebpf(directory: Path) -> bool:

@@ -30,3 +30,26 @@ def demangle(names: list[str]) -> dict[str, str]:
     if len(lines) != len(mangled):  # never pair names up wrongly: keep them mangled
         return {}
     return dict(zip(mangled, lines, strict=True))
+
+
+def rename_frames(samples: dict, names: dict[str, str]) -> dict:
+    """The tables of parse_script with frames renamed; frames and stacks that become equal are
+    merged, as perf's own demangling would have had them (overloads differ in parameters only)."""
+    frame_ids: dict[tuple[str, str], int] = {}
+    frame_map = [
+        frame_ids.setdefault((names.get(name, name), dso), len(frame_ids))
+        for name, dso in samples["frames"]
+    ]
+    stack_ids: dict[tuple[int, ...], int] = {}
+    stack_map = [
+        stack_ids.setdefault(tuple(frame_map[f] for f in stack), len(stack_ids))
+        for stack in samples["stacks"]
+    ]
+    columns = dict(samples["samples"])
+    columns["stack"] = [stack_map[s] for s in columns["stack"]]
+    return {
+        **samples,
+        "frames": [list(f) for f in frame_ids],
+        "stacks": [list(s) for s in stack_ids],
+        "samples": columns,
+    }

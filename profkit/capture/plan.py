@@ -21,9 +21,11 @@ from .registry import ALL_COLLECTORS, REGISTRY
 from .unprivileged import cannot_run
 
 # perf stat repeats what /proc and eBPF already count, at a cost (docs/collectors.md): opt-in.
-# py-spy stops the target per sample: it joins the default set only where the eBPF walker
-# cannot read the target's Python stacks (plan_collectors).
-DEFAULT_COLLECTORS = ("ebpf", "proc", "cgroup", "perf_record")
+# The eBPF walker's sampler takes the native stacks too; perf record joins the default set
+# where the walker cannot run or DWARF call graphs are asked for, and py-spy only where the
+# walker cannot read the target's Python stacks (plan_collectors).
+DEFAULT_COLLECTORS = ("ebpf", "proc", "cgroup")
+FALLBACK_COLLECTORS = (*DEFAULT_COLLECTORS, "perf_record", "pyspy")
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,9 @@ def plan_capture(
     budget; options.pyspy_mode may be "auto"."""
     root = os.geteuid() == 0
     ebpf_denied = None if root else cannot_run(("ebpf",), options.perf_scope).get("ebpf")
-    asked, pyspy_note = plan_collectors(collectors, target, options.python_stacks, ebpf_denied)
+    asked, pyspy_note = plan_collectors(
+        collectors, target, options.python_stacks, ebpf_denied, options.perf_callgraph
+    )
     unavailable = {} if root else cannot_run(asked, options.perf_scope)
     if unavailable and not set(asked) - set(unavailable):
         raise PermissionDenied(
@@ -96,6 +100,7 @@ def plan_collectors(
     target: Target,
     python_stacks: str = "auto",
     ebpf_denied: str | None = None,
+    perf_callgraph: str = "fp",
 ) -> tuple[tuple[str, ...], str]:
     """The collectors to run, and why py-spy was added to the default set ("" if it was not).
     Asked-for collectors are run as asked; ebpf_denied is why this user may not load BPF."""
@@ -111,11 +116,13 @@ def plan_collectors(
     else:
         walker = PythonWalker(target.pid)
         if walker.prepare():
+            if perf_callgraph != "fp":
+                return (*DEFAULT_COLLECTORS, "perf_record"), ""
             return DEFAULT_COLLECTORS, ""
         why = walker.reason.replace(
             "Python stack walker off: ", "the eBPF stack walker cannot run: "
         )
-    return (*DEFAULT_COLLECTORS, "pyspy"), f"py-spy samples the Python stacks: {why}"
+    return FALLBACK_COLLECTORS, f"py-spy samples the Python stacks, perf the native: {why}"
 
 
 def parse_collectors(text: str | None) -> tuple[str, ...]:

@@ -207,8 +207,8 @@ def capture_options(function: F) -> F:
             "-c",
             callback=collectors_callback,
             help=f"Comma-separated subset of {', '.join(ALL_COLLECTORS)}, or all (default: "
-            f"{', '.join(DEFAULT_COLLECTORS)}, and pyspy where the eBPF walker cannot read the "
-            "target's Python stacks).",
+            f"{', '.join(DEFAULT_COLLECTORS)}; perf_record with --perf-callgraph dwarf; "
+            "perf_record and pyspy where the eBPF walker cannot read the target's stacks).",
         ),
         click.option(
             "--max-size",

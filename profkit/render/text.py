@@ -72,7 +72,7 @@ def render_text(report: Report) -> str:
             )
         if pool.activity and pool.activity.samples:
             shares = "  ".join(f"{k} {100 * v:.0f}%" for k, v in pool.activity.shares.items())
-            lines.append(f"  activity ({pool.activity.samples} perf samples): {shares}")
+            lines.append(f"  activity ({pool.activity.samples} native samples): {shares}")
             kinds = ", ".join(f"{k} {100 * v:.0f}%" for k, v in pool.activity.kernel_kinds.items())
             if kinds:
                 lines.append(f"  kernel: {kinds}")

@@ -449,7 +449,8 @@ def test_a_flood_of_small_regions_switches_the_region_probes(start_recipe, tmp_p
 
 def test_fast_demangling_names_every_frame_as_perf_does(start_recipe, tmp_path: Path) -> None:
     from profkit.capture import demangle
-    from profkit.capture.collectors.perfrecord import parse_script, rename_frames
+    from profkit.capture.collectors.perfrecord import parse_script
+    from profkit.capture.demangle import rename_frames
     from profkit.host.tools import find_binary
 
     perf = find_binary("perf")

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from profkit.capture import demangle
-from profkit.capture.collectors.perfrecord import parse_script, rename_frames
+from profkit.capture.collectors.perfrecord import parse_script
 from profkit.capture.collectors.perfstat import parse_interval_csv
 from profkit.capture.collectors.pyspy import normalise
+from profkit.capture.demangle import rename_frames
 
 from ..support import DATA
 

@@ -144,7 +144,9 @@ class PerfRecordCollector:
         )
         samples = parse_script(script)
         if fast_names:
-            samples = rename_frames(samples, demangle.demangle([f[0] for f in samples["frames"]]))
+            samples = demangle.rename_frames(
+                samples, demangle.demangle([f[0] for f in samples["frames"]])
+            )
         write_new(directory / PERF, json.dumps(samples))
         files: tuple[str, ...] = (PERF_DATA, PERF)
         if notes["scope"] == "cpu":
@@ -196,29 +198,6 @@ def _frames(block: list[str]) -> Iterator[tuple[str, str]]:
         rest = parts[1]
         symbol, _, dso = rest.rpartition(" (")
         yield (symbol or rest, dso.rstrip(")"))
-
-
-def rename_frames(samples: dict, names: dict[str, str]) -> dict:
-    """The tables of parse_script with frames renamed; frames and stacks that become equal are
-    merged, as perf's own demangling would have had them (overloads differ in parameters only)."""
-    frame_ids: dict[tuple[str, str], int] = {}
-    frame_map = [
-        frame_ids.setdefault((names.get(name, name), dso), len(frame_ids))
-        for name, dso in samples["frames"]
-    ]
-    stack_ids: dict[tuple[int, ...], int] = {}
-    stack_map = [
-        stack_ids.setdefault(tuple(frame_map[f] for f in stack), len(stack_ids))
-        for stack in samples["stacks"]
-    ]
-    columns = dict(samples["samples"])
-    columns["stack"] = [stack_map[s] for s in columns["stack"]]
-    return {
-        **samples,
-        "frames": [list(f) for f in frame_ids],
-        "stacks": [list(s) for s in stack_ids],
-        "samples": columns,
-    }
 
 
 def parse_script(lines: Iterable[str]) -> dict:

@@ -19,7 +19,7 @@ from importlib import resources
 from types import ModuleType
 from typing import Any
 
-from ...bundle.parts import EBPF, CollectorResult
+from ...bundle.parts import EBPF, NATIVE, CollectorResult
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Runtime, Target
@@ -28,6 +28,7 @@ from ..clock import Clock
 from ..collectors.base import Availability, CaptureContext
 from .duty import MIN_DUTY, DutyCycle
 from .loader import BccUnavailable, BpfProgram, detach_uprobes, load_bcc
+from .native import NATIVE_STACK_ENTRIES, native_tables
 from .pywalk import PythonWalker
 from .regions import RuntimeProbes, find_probes, handler_source, probeable
 
@@ -69,13 +70,17 @@ class OpenMPProgram:
     runtimes: tuple[Runtime, ...] = ()
     tgid: int = 0
     region_capacity: int = 1 << 18  # 10 MiB of kernel memory: 2.5 min at 1 700 regions/s
-    sample_capacity: int = 1 << 17  # 3 MiB: 22 min of two CPUs sampled at PYTHON_SAMPLE_HZ
+    sample_capacity: int = 1 << 17  # 4 MiB: 22 min of two CPUs sampled at PYTHON_SAMPLE_HZ
+    # Distinct native stacks the sampler keeps (0: no native stacks; perf record samples them).
+    # A stack-trace map holds 127 frames an entry: 16 MiB of kernel memory, as bcc's profile.
+    native_stacks: int = 0
     # The scheduler tracepoints (probes/sched.bpf.c) in the same program, when traced: with the
     # walker they read each Python thread's stack as it leaves the CPU.
     sched: SchedProgram | None = None
 
     def source(self) -> str:
-        walker = (
+        native = f"#define NATIVE_STACKS {self.native_stacks}\n" if self.native_stacks else ""
+        walker = native + (
             probe_source("pystack.bpf.c")
             .replace("TARGET_TGID", str(self.tgid))
             .replace("SAMPLE_CAPACITY", str(self.sample_capacity))
@@ -175,6 +180,8 @@ class EbpfCollector:
         self._judged = threading.Event()
         self._judged.set()
         self._sampling = False
+        self._native = False
+        self._sample_hz = PYTHON_SAMPLE_HZ
         self.lost = {"slices": 0, "regions": 0}
         self.attached: list[str] = []
         self.warnings: list[str] = []
@@ -198,10 +205,18 @@ class EbpfCollector:
         traced = bool(self.sched_decision["traced"])
         if not traced:
             self.warnings.append(str(self.sched_decision["reason"]))
+        # Native stacks come from the walker's sampler unless perf record samples them in this
+        # capture, or DWARF call graphs were asked for (only perf unwinds those).
+        self._native = (
+            bool(flags)
+            and "perf_record" not in context.collectors
+            and context.options.perf_callgraph == "fp"
+        )
         program = OpenMPProgram(
             tuple(probeable(target.runtimes)),
             target.pid,
             sched=SchedProgram(target.pid) if traced else None,
+            native_stacks=NATIVE_STACK_ENTRIES if self._native else 0,
         )
         self._load(program, flags, sample=True)
         if self._region_probes:
@@ -290,15 +305,19 @@ class EbpfCollector:
 
     def _attach_sampler(self, bcc: ModuleType, bpf: BpfProgram) -> None:
         """The walker's on-CPU sampler: a cpu-clock event on every CPU, kept to the target's
-        Python threads by the program."""
+        Python threads by the program (to all its threads, with native stacks, at perf
+        record's rate, where it samples them instead of perf)."""
+        if self._native and self._context is not None:
+            self._sample_hz = self._context.options.perf_rate_hz
         bpf.attach_perf_event(
             ev_type=bcc.PerfType.SOFTWARE,
             ev_config=bcc.PerfSWConfig.CPU_CLOCK,
             fn_name="on_cpu_sample",
-            sample_freq=PYTHON_SAMPLE_HZ,
+            sample_freq=self._sample_hz,
         )
         self._sampling = True
-        self.attached.append(f"perf_event:cpu-clock@{PYTHON_SAMPLE_HZ}Hz (Python stacks)")
+        what = "Python and native stacks" if self._native else "Python stacks"
+        self.attached.append(f"perf_event:cpu-clock@{self._sample_hz}Hz ({what})")
 
     def _attach_regions(self, copy: RuntimeProbes, pid: int) -> None:
         """One runtime copy's entry and end probes; a copy that refuses them is left out with
@@ -514,6 +533,7 @@ class EbpfCollector:
                 off[1] += int(v.switches)
             payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]
         python: dict[str, object] = {"walker": "off", "reason": "no OpenMP region probe"}
+        native_notes: dict[str, object] = {}
         if self.walker is not None:
             python["reason"] = self.walker.reason
         if self._openmp_bpf is not None:
@@ -526,7 +546,14 @@ class EbpfCollector:
             if not self.regions_detached:
                 self._read_regions(self._openmp_bpf, ended, stack_index)
             if self._sampling:
-                python["samples"] = self._read_samples(self._openmp_bpf, stack_index)
+                python["samples"], native = self._read_samples(self._openmp_bpf, stack_index)
+                if native is not None:
+                    write_new(self._context.directory / NATIVE, json.dumps(native))
+                    native_notes = {
+                        "native_samples": len(native["samples"]["t_ns"]),
+                        "native_stacks_lost": native["lost"],
+                        "native_rate_hz": self._sample_hz,
+                    }
             if self._sched_bpf is not None and stack_index:
                 python["offcpu"] = {
                     "tid": [tid for (_, tid) in offcpu_by_stack],
@@ -569,8 +596,9 @@ class EbpfCollector:
             lost=sum(self.lost.values()),
             start_ns=self._start_ns,
             end_ns=end_ns,
-            files=(EBPF,),
+            files=(EBPF, NATIVE) if native_notes else (EBPF,),
             notes={
+                **native_notes,
                 "attached": self.attached,
                 "regions": len(self.regions["tid"]),
                 "slices": len(self.slices["tid"]),
@@ -601,17 +629,32 @@ class EbpfCollector:
                 self.regions[key].append(getattr(v, key))
             self.regions["stack"].append(stack_index.get(int(v.stack), -1))
 
-    def _read_samples(self, bpf: BpfProgram, stack_index: dict[int, int]) -> dict[str, object]:
-        """The walker's on-CPU samples of the target's Python threads, in time order."""
+    def _read_samples(
+        self, bpf: BpfProgram, stack_index: dict[int, int]
+    ) -> tuple[dict[str, object], dict[str, Any] | None]:
+        """The walker's on-CPU samples of the target's Python threads, in time order; and,
+        where the sampler took them, every thread's native stacks as perf.json's tables."""
         count = int(bpf["sample_count"][ctypes.c_int(0)].value)
         columns: dict[str, list[int]] = {"t_ns": [], "tid": [], "stack": []}
         lost = {"samples": 0}
-        for _, v in _read_log(bpf, "sample_log", count, lost, "samples"):
-            columns["t_ns"].append(int(v.t_ns))
-            columns["tid"].append(int(v.tid))
-            columns["stack"].append(stack_index.get(int(v.stack), -1))
+        rows = _read_log(bpf, "sample_log", count, lost, "samples")
+        for _, v in rows:
+            if v.python:
+                columns["t_ns"].append(int(v.t_ns))
+                columns["tid"].append(int(v.tid))
+                columns["stack"].append(stack_index.get(int(v.stack), -1))
         self.lost["python_samples"] = lost["samples"]
-        return {"rate_hz": PYTHON_SAMPLE_HZ, **columns}
+        native = None
+        if self._native:
+            assert self._context is not None
+            native = native_tables(
+                [(int(v.t_ns), int(v.tid), int(v.ustack), int(v.kstack)) for _, v in rows],
+                bpf["native_stacks"],
+                self._context.target.pid,
+                round(1e9 / self._sample_hz),
+            )
+            native["lost"] += lost["samples"]
+        return {"rate_hz": self._sample_hz, **columns}, native
 
     def _read_slices(self, sched: BpfProgram) -> None:
         """Copy the in-kernel slice log out in one batch, after the window."""

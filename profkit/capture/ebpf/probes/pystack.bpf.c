@@ -121,18 +121,25 @@ static inline u64 walk_python(int count_missing) {
     return hash;
 }
 
-// On-CPU samples of the target's Python threads, without stopping them: a cpu-clock event on
-// every CPU runs this; other processes return at once. Threads without a thread state (pool
-// workers, native threads) are left to perf.
+// On-CPU samples of the target's threads, without stopping them: a cpu-clock event on every
+// CPU runs this; other processes return at once. Compiled with NATIVE_STACKS (where perf record
+// is not in the capture) every thread of the target is sampled with its kernel and user stacks,
+// which the kernel walks by frame pointers as perf record's fp call graphs do; without it only
+// threads with a thread state (Python threads) are, and native stacks are left to perf.
 struct pysample {
     u64 t_ns;
-    u64 stack;
+    u64 stack;   // the Python stack's id, 0 for none
     u32 tid;
-    u32 pad;
+    s32 ustack;  // native_stacks ids, negative: none (an error number)
+    s32 kstack;
+    u32 python;  // the thread has a thread state: a Python thread
 };
 
 BPF_ARRAY(sample_log, struct pysample, SAMPLE_CAPACITY);
 BPF_ARRAY(sample_count, u64, 1);
+#ifdef NATIVE_STACKS
+BPF_STACK_TRACE(native_stacks, NATIVE_STACKS);
+#endif
 
 // The context's registers are not read, so its type is left out: including
 // <uapi/linux/bpf_perf_event.h> tripled the program's compile time.
@@ -141,9 +148,21 @@ int on_cpu_sample(void *ctx) {
     if ((pid_tgid >> 32) != TARGET_TGID)
         return 0;
     u32 tid = pid_tgid;
-    if (!tstates.lookup(&tid))
+    u32 python = tstates.lookup(&tid) ? 1 : 0;
+    struct pysample sample = {};
+    sample.ustack = -1;
+    sample.kstack = -1;
+#ifdef NATIVE_STACKS
+    sample.ustack = native_stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    sample.kstack = native_stacks.get_stackid(ctx, 0);
+#else
+    if (!python)
         return 0;
-    struct pysample sample = {bpf_ktime_get_ns(), walk_python(0), tid, 0};
+#endif
+    sample.t_ns = bpf_ktime_get_ns();
+    sample.stack = python ? walk_python(0) : 0;
+    sample.tid = tid;
+    sample.python = python;
     u32 zero = 0;
     u64 *next = sample_count.lookup(&zero);
     if (!next)

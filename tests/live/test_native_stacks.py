@@ -1,0 +1,125 @@
+"""The default capture takes native stacks from the eBPF walker's sampler, not from perf record:
+the workers' kernels, the kernel's own frames and the ATen op come out as perf record gave them."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from profkit.bundle.read import load_bundle
+from profkit.capture.ebpf.native import KERNEL_DSO
+
+from ..support import ROOT, run_profkit
+from .conftest import attach
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def default_capture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One default capture of the fan-out recipe (8 threads), shared by the tests below."""
+    from .conftest import Recipe, _start
+
+    out = tmp_path_factory.mktemp("native") / "bundle"
+    recipe: Recipe = _start(
+        [str(ROOT / "recipes/shm_fanout.py"), "--copy", "torch", "--threads", "8"], None, None
+    )
+    time.sleep(1.0)
+    result = attach(recipe.pid, out, "--ebpf-sched", "on")
+    recipe.stop()
+    assert result.returncode == 0, result.stderr
+    yield out, recipe
+
+
+def _copy_kernel_samples(bundle, pid: int) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
+    perf = bundle.perf
+    return [
+        (int(t), int(tid))
+        for t, tid, stack in zip(perf.t_ns, perf.tid, perf.stack, strict=True)
+        if int(tid) != pid
+        and any("direct_copy_kernel" in perf.frames[f][0] for f in perf.stacks[int(stack)])
+    ]
+
+
+def test_no_perf_record_and_every_thread_sampled(default_capture) -> None:  # type: ignore[no-untyped-def]
+    out, recipe = default_capture
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "perf_record" not in manifest["collectors"] or (
+        manifest["collectors"]["perf_record"]["status"] == "skipped"
+    )
+    assert not (out / "perf.json").exists()
+    ebpf = manifest["collectors"]["ebpf"]
+    assert "native.json" in ebpf["files"]
+    notes = ebpf["notes"]
+    assert notes["native_samples"] > 0 and notes["native_stacks_lost"] == 0, notes
+    assert any("native stacks" in a for a in notes["attached"]), notes["attached"]
+    bundle = load_bundle(out)
+    assert bundle.perf is not None and bundle.perf.source == "eBPF"
+    assert (bundle.perf.period_ns == round(1e9 / notes["native_rate_hz"])).all()
+    assert (np.diff(bundle.perf.t_ns) >= 0).all(), "samples in time order"
+    # The main thread and at least four of the seven workers, by their own tids.
+    assert recipe.pid in set(bundle.perf.tid.tolist())
+    assert len(set(bundle.perf.tid.tolist()) - {recipe.pid}) >= 4
+
+
+def test_workers_in_the_copy_kernel_and_the_kernels_frames(default_capture) -> None:  # type: ignore[no-untyped-def]
+    out, recipe = default_capture
+    bundle = load_bundle(out)
+    samples = _copy_kernel_samples(bundle, recipe.pid)
+    assert len({tid for _, tid in samples}) >= 4, samples[:5]
+    # Copying into fresh shared memory faults every page in: the kernel's half of the stack is
+    # there, named from kallsyms, below the user frames (root first: user, then kernel).
+    perf = bundle.perf
+    kernel = [
+        stack
+        for stack in perf.stacks
+        if stack
+        and perf.frames[stack[-1]][1] == KERNEL_DSO
+        and perf.frames[stack[0]][1] != KERNEL_DSO
+    ]
+    assert kernel, "no sample holds kernel frames under user frames"
+    names = {perf.frames[f][0] for stack in kernel for f in stack}
+    assert any("fault" in name for name in names), sorted(names)[:20]
+
+
+def test_copy_kernel_samples_fall_inside_regions(default_capture) -> None:  # type: ignore[no-untyped-def]
+    """Both on the one clock: the workers' samples in the copy kernel lie inside the regions the
+    probes saw."""
+    out, recipe = default_capture
+    bundle = load_bundle(out)
+    assert bundle.sched is not None
+    order = np.argsort(bundle.sched.region_start)
+    starts, ends = bundle.sched.region_start[order], bundle.sched.region_end[order]
+    start, end = bundle.window
+    times = [t for t, _ in _copy_kernel_samples(bundle, recipe.pid) if start <= t <= end]
+    assert len(times) >= 20
+    index = np.searchsorted(starts, times, side="right") - 1
+    inside = [i >= 0 and t <= ends[i] for i, t in zip(index, times, strict=True)]
+    assert sum(inside) >= 0.9 * len(times), (sum(inside), len(times))
+
+
+def test_the_report_names_the_op_and_the_workers_activity(default_capture) -> None:  # type: ignore[no-untyped-def]
+    out, _ = default_capture
+    reported = run_profkit("report", str(out), "--format", "json")
+    assert reported.returncode == 0, reported.stderr
+    report = json.loads(reported.stdout)
+    (pool,) = [p for p in report["pools"] if p["runtime"] == "openmp"]
+    assert pool["top_work"][0]["symbol"] == "direct_copy_kernel", pool["top_work"]
+    assert sum(pool["activity"].values()) == pytest.approx(1.0, abs=0.01)
+    (row,) = [r for r in report["attribution"] if r["pool"] == "openmp"]
+    assert row["op"] == "aten::copy_" and row["site"].endswith("shm_fanout.py:24"), row
+
+
+def test_dwarf_call_graphs_bring_perf_record_back(tmp_path: Path, start_recipe) -> None:  # type: ignore[no-untyped-def]
+    recipe = start_recipe("shm_fanout.py", "--threads", "2")
+    out = tmp_path / "b"
+    result = attach(recipe.pid, out, "--perf-callgraph", "dwarf", duration=1.0)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["collectors"]["perf_record"]["status"] in ("ok", "partial")
+    assert (out / "perf.json").exists() and not (out / "native.json").exists()
+    assert "native_samples" not in manifest["collectors"]["ebpf"]["notes"]
