@@ -44,9 +44,9 @@ PYSPY_CPU_S_PER_THREAD = {"native": 150e-6, "nonblocking": 30e-6}
 # and the parts add up to the whole: py-spy's stops (the largest: a synchronised pool loses the
 # whole pause), py-spy's own CPU (on a saturated machine, CPU the target does not get), the
 # OpenMP region probes' traps, the scheduler tracepoints, and a part that no setting changes
-# (the /proc and cgroup samplers, perf record at 49 Hz, profkit's own loop: 3.3 ms of CPU a
-# second on the serving recipe, 0.17% of 2 CPUs). Aiming py-spy at the whole budget left the
-# serving recipe 5% slower with the default set; with each collector judged against the whole
+# (the /proc and cgroup samplers, the native stacks' sampler or perf record at 49 Hz,
+# profkit's own loop). Aiming py-spy at the whole budget left the serving recipe 5% slower
+# with the default set; with each collector judged against the whole
 # budget, the parts could add up to twice it.
 PYSPY_STOP_SHARE = 0.35
 PYSPY_CPU_SHARE = 0.15
