@@ -60,10 +60,13 @@ def layouts(path: str) -> dict[str, tuple[dict, list[int], bool]]:
     return found
 
 
-def load(bcc, path: str, walker: bool, pid: int = 0):  # type: ignore[no-untyped-def]  # no stubs
-    """The region program, with the walker reading the threads of pid (this process)."""
+def load(bcc, path: str, walker: bool, pid: int = 0, native_stacks: int = 0):  # type: ignore[no-untyped-def]  # no stubs
+    """The region program, with the walker reading the threads of pid (this process); with
+    native_stacks, its on-CPU sampler takes every thread's native stacks too."""
     pid = pid or os.getpid()
-    program = OpenMPProgram((Runtime("libgomp", path),), tgid=pid).source()
+    program = OpenMPProgram(
+        (Runtime("libgomp", path),), tgid=pid, native_stacks=native_stacks
+    ).source()
     if not walker:
         return bcc.BPF(text=program)
     layout = detect(pid)

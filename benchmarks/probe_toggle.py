@@ -21,7 +21,11 @@ that return at once: the traps alone) | perf (no probe: perf record, system-wide
 starts it, started before the block and stopped after it) | perf-child (the same perf record
 started as a capture starts its tools: profkit's ChildTool, in a session of its own) | proc,
 cgroup (no probe: that
-collector of profkit's, sampling from this process over the block as in a capture).
+collector of profkit's, sampling from this process over the block as in a capture) | pysampler
+(the walker's on-CPU sampler as it ran beside perf record: a cpu-clock event at 49 Hz per CPU,
+Python stacks of the Python threads) | pysampler+perf (that and perf record: how the former
+default set sampled) | native (the sampler as the default set runs it now, without perf
+record: every thread's Python and kernel and user stacks).
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ from profkit.capture.collectors.cgroupstat import CgroupCollector
 from profkit.capture.collectors.child import ChildTool
 from profkit.capture.collectors.perfrecord import record_args
 from profkit.capture.collectors.procstat import ProcCollector
+from profkit.capture.ebpf.collector import PYTHON_SAMPLE_HZ
 from profkit.capture.ebpf.loader import load_bcc
+from profkit.capture.ebpf.native import NATIVE_STACK_ENTRIES
 from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
 from profkit.host import procfs
 from profkit.host.target import inspect
@@ -74,7 +80,12 @@ LAYOUTS = {
     "perf-child": ("", False, False),
     "proc": ("", False, False),
     "cgroup": ("", False, False),
+    "pysampler": ("", False, False),
+    "pysampler+perf": ("", False, False),
+    "native": ("", False, False),
 }
+# layout -> the program whose on-CPU sampler it attaches
+ON_CPU_SAMPLERS = {"pysampler": "regions", "pysampler+perf": "regions", "native": "native"}
 SAMPLERS: dict[str, Callable[[], Collector]] = {"proc": ProcCollector, "cgroup": CgroupCollector}
 SETTLE_S = 0.1  # after an attach or detach, before a block is counted
 # perf record reads every process's memory map as it starts (0.13 s on the 2-core machine)
@@ -114,7 +125,12 @@ class Probes:
         self.programs = {
             "regions": load(bcc, self.path, walker=True, pid=pid),
             "traps": bcc.BPF(text=TRAPS_ONLY),
+            "native": load(
+                bcc, self.path, walker=True, pid=pid, native_stacks=NATIVE_STACK_ENTRIES
+            ),
         }
+        self._bcc = bcc
+        self._sampling: object | None = None
         self.perf = PerfRecord()
         self.sampler = Sampler(pid)
 
@@ -128,8 +144,17 @@ class Probes:
         ] * end
 
     def attach(self, layout: str) -> None:
-        if layout.startswith("perf"):
+        if layout.startswith("perf") or layout.endswith("+perf"):
             self.perf.start(child=layout == "perf-child")
+        if layout in ON_CPU_SAMPLERS:
+            bpf = self.programs[ON_CPU_SAMPLERS[layout]]
+            bpf.attach_perf_event(  # type: ignore[attr-defined]
+                ev_type=self._bcc.PerfType.SOFTWARE,
+                ev_config=self._bcc.PerfSWConfig.CPU_CLOCK,
+                fn_name="on_cpu_sample",
+                sample_freq=PYTHON_SAMPLE_HZ,
+            )
+            self._sampling = bpf
         if layout in SAMPLERS:
             self.sampler.start(SAMPLERS[layout]())
         for bpf, address, handler in self.points(layout):
@@ -138,6 +163,7 @@ class Probes:
     def detach(self, layout: str) -> None:
         self.perf.stop()
         self.sampler.stop()
+        self._stop_sampling()
         for bpf, address, _ in self.points(layout):
             bpf.detach_uprobe(name=self.path, addr=address, pid=self.pid)  # type: ignore[attr-defined]
 
@@ -145,9 +171,17 @@ class Probes:
         counts = self.programs["regions"]["entry_count"]
         return int(counts[counts.Key(0)].value)
 
+    def _stop_sampling(self) -> None:
+        if self._sampling is not None:
+            self._sampling.detach_perf_event(  # type: ignore[attr-defined]
+                ev_type=self._bcc.PerfType.SOFTWARE, ev_config=self._bcc.PerfSWConfig.CPU_CLOCK
+            )
+            self._sampling = None
+
     def close(self) -> None:
         self.perf.stop()
         self.sampler.stop()
+        self._stop_sampling()
         for bpf in self.programs.values():
             bpf.cleanup()
 
@@ -219,7 +253,7 @@ class PerfRecord:
 
 
 def block(pid: int, layout: str, seconds: float) -> Block:
-    time.sleep(PERF_SETTLE_S if layout.startswith("perf") else SETTLE_S)
+    time.sleep(PERF_SETTLE_S if "perf" in layout else SETTLE_S)
     cpu, start = process_cpu_ns(pid), time.monotonic_ns()
     time.sleep(seconds)
     end = time.monotonic_ns()
