@@ -23,6 +23,7 @@ from recipes.launch import attach_command
 
 from ..support import ROOT, run_profkit
 from .conftest import attach
+from .copy_kernel import copy_kernel_samples, inside_regions
 
 pytestmark = pytest.mark.root
 SIX = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
@@ -161,20 +162,9 @@ def test_region_ends_follow_the_workers_copy_work(fanout_capture) -> None:  # ty
     assert ebpf["region_entries"] - len(ebpf["regions"]["tid"]) <= 2, ebpf["region_entries"]
     bundle = load_bundle(out)
     assert bundle.sched is not None and bundle.perf is not None
-    order = np.argsort(bundle.sched.region_start)
-    starts, ends = bundle.sched.region_start[order], bundle.sched.region_end[order]
-    times = [
-        int(t)
-        for t, tid, stack in zip(bundle.perf.t_ns, bundle.perf.tid, bundle.perf.stack, strict=True)
-        if int(tid) != recipe.pid
-        and any(
-            "direct_copy_kernel" in bundle.perf.frames[f][0] for f in bundle.perf.stacks[int(stack)]
-        )
-    ]
+    times = [t for t, _ in copy_kernel_samples(bundle, recipe.pid)]
     assert len(times) >= 20
-    index = np.searchsorted(starts, times, side="right") - 1
-    inside = [i >= 0 and t <= ends[i] for i, t in zip(index, times, strict=True)]
-    assert sum(inside) >= 0.9 * len(times), (sum(inside), len(times))
+    assert inside_regions(bundle, times) >= 0.9 * len(times), len(times)
 
 
 def test_main_thread_wakes_the_workers(fanout_capture) -> None:  # type: ignore[no-untyped-def]

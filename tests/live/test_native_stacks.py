@@ -15,6 +15,7 @@ from profkit.capture.ebpf.native import KERNEL_DSO
 
 from ..support import ROOT, run_profkit
 from .conftest import attach
+from .copy_kernel import copy_kernel_samples, inside_regions
 
 pytestmark = pytest.mark.root
 
@@ -33,16 +34,6 @@ def default_capture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[n
     recipe.stop()
     assert result.returncode == 0, result.stderr
     yield out, recipe
-
-
-def _copy_kernel_samples(bundle, pid: int) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
-    perf = bundle.perf
-    return [
-        (int(t), int(tid))
-        for t, tid, stack in zip(perf.t_ns, perf.tid, perf.stack, strict=True)
-        if int(tid) != pid
-        and any("direct_copy_kernel" in perf.frames[f][0] for f in perf.stacks[int(stack)])
-    ]
 
 
 def test_no_perf_record_and_every_thread_sampled(default_capture) -> None:  # type: ignore[no-untyped-def]
@@ -69,7 +60,7 @@ def test_no_perf_record_and_every_thread_sampled(default_capture) -> None:  # ty
 def test_workers_in_the_copy_kernel_and_the_kernels_frames(default_capture) -> None:  # type: ignore[no-untyped-def]
     out, recipe = default_capture
     bundle = load_bundle(out)
-    samples = _copy_kernel_samples(bundle, recipe.pid)
+    samples = copy_kernel_samples(bundle, recipe.pid)
     assert len({tid for _, tid in samples}) >= 4, samples[:5]
     # Copying into fresh shared memory faults every page in: the kernel's half of the stack is
     # there, named from kallsyms, below the user frames (root first: user, then kernel).
@@ -92,14 +83,10 @@ def test_copy_kernel_samples_fall_inside_regions(default_capture) -> None:  # ty
     out, recipe = default_capture
     bundle = load_bundle(out)
     assert bundle.sched is not None
-    order = np.argsort(bundle.sched.region_start)
-    starts, ends = bundle.sched.region_start[order], bundle.sched.region_end[order]
     start, end = bundle.window
-    times = [t for t, _ in _copy_kernel_samples(bundle, recipe.pid) if start <= t <= end]
+    times = [t for t, _ in copy_kernel_samples(bundle, recipe.pid) if start <= t <= end]
     assert len(times) >= 20
-    index = np.searchsorted(starts, times, side="right") - 1
-    inside = [i >= 0 and t <= ends[i] for i, t in zip(index, times, strict=True)]
-    assert sum(inside) >= 0.9 * len(times), (sum(inside), len(times))
+    assert inside_regions(bundle, times) >= 0.9 * len(times), len(times)
 
 
 def test_the_report_names_the_op_and_the_workers_activity(default_capture) -> None:  # type: ignore[no-untyped-def]

@@ -28,7 +28,7 @@ from ..clock import Clock
 from ..collectors.base import Availability, CaptureContext
 from .duty import MIN_DUTY, DutyCycle
 from .loader import BccUnavailable, BpfProgram, detach_uprobes, load_bcc
-from .native import NATIVE_STACK_ENTRIES, native_tables
+from .native import NATIVE_STACK_ENTRIES, native_tables, read_stacks
 from .pywalk import PythonWalker
 from .regions import RuntimeProbes, find_probes, handler_source, probeable
 
@@ -72,7 +72,6 @@ class OpenMPProgram:
     region_capacity: int = 1 << 18  # 10 MiB of kernel memory: 2.5 min at 1 700 regions/s
     sample_capacity: int = 1 << 17  # 4 MiB: 22 min of two CPUs sampled at PYTHON_SAMPLE_HZ
     # Distinct native stacks the sampler keeps (0: no native stacks; perf record samples them).
-    # A stack-trace map holds 127 frames an entry: 16 MiB of kernel memory, as bcc's profile.
     native_stacks: int = 0
     # The scheduler tracepoints (probes/sched.bpf.c) in the same program, when traced: with the
     # walker they read each Python thread's stack as it leaves the CPU.
@@ -648,12 +647,13 @@ class EbpfCollector:
         if self._native:
             assert self._context is not None
             native = native_tables(
-                [(int(v.t_ns), int(v.tid), int(v.ustack), int(v.kstack)) for _, v in rows],
-                bpf["native_stacks"],
+                [(int(v.t_ns), int(v.tid), int(v.native)) for _, v in rows],
+                read_stacks(bpf["native_stacks"]),
                 self._context.target.pid,
                 round(1e9 / self._sample_hz),
             )
-            native["lost"] += lost["samples"]
+            # Samples whose stack did not fit the full map, and those past the log.
+            native["lost"] += int(bpf["native_counts"][ctypes.c_int(0)].value) + lost["samples"]
         return {"rate_hz": self._sample_hz, **columns}, native
 
     def _read_slices(self, sched: BpfProgram) -> None:

@@ -1,7 +1,7 @@
 """Native stacks from the walker's cpu-clock sampler, as perf.json's tables.
 
 Where perf record is not in the capture, the eBPF sampler that reads the Python threads' stacks
-also takes every target thread's kernel and user stacks (bpf_get_stackid: the kernel walks them
+also takes every target thread's kernel and user stacks (bpf_get_stack: the kernel walks them
 by frame pointers, as perf record's `--call-graph fp` does). This turns them into the tables
 `perf script` gives profkit (frames as (symbol, dso), stacks root first, sample columns), named
 as perf names them, so the analysis reads either without knowing which took them.
@@ -9,22 +9,18 @@ as perf names them, so the analysis reads either without knowing which took them
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Iterable
 from typing import Any
 
 from .. import demangle
 from .loader import load_bcc
 
-# Distinct (kernel or user) stacks the in-kernel map holds: 16 MiB of kernel memory, as bcc's
-# profile tool. A stack that does not fit, or collides with another in the map's hash, is
-# counted lost rather than replaced, so no sample is given another's stack.
+# Distinct stacks the in-kernel map holds (keyed by a 64-bit hash of their frames, up to 48
+# user and 24 kernel frames each): about 10 MiB of kernel memory. A sample whose stack does
+# not fit once the map is full is counted lost, never given another's stack.
 NATIVE_STACK_ENTRIES = 16384
 KERNEL_DSO = "[kernel.kallsyms]"
 UNKNOWN = "[unknown]"
-# bpf_get_stackid's errors that mean a stack was taken but not stored; -EFAULT is "no stack
-# of that kind" (a sample in user mode has no kernel stack).
-LOST_ERRORS = (-errno.EEXIST, -errno.ENOMEM)
 
 
 class Symbols:
@@ -47,37 +43,47 @@ class Symbols:
         return found
 
 
+def read_stacks(stack_map: Any) -> dict[int, tuple[list[int], list[int]]]:
+    """The in-kernel map's stacks: id -> (user frames, kernel frames), each leaf first."""
+    return {
+        int(key.value): (
+            [int(a) for a in value.user[: value.user_depth]],
+            [int(a) for a in value.kernel[: value.kernel_depth]],
+        )
+        for key, value in stack_map.items()
+    }
+
+
 def native_tables(
-    rows: Iterable[tuple[int, int, int, int]],
-    stack_map: Any,
+    rows: Iterable[tuple[int, int, int]],
+    stacks_by_id: dict[int, tuple[list[int], list[int]]],
     pid: int,
     period_ns: int,
     symbols: Symbols | None = None,
 ) -> dict[str, Any]:
-    """rows: (t_ns, tid, user stack id, kernel stack id) per sample; stack_map: the in-kernel
-    stack-trace map the ids index. Returns perf.json's tables, samples in time order."""
+    """rows: (t_ns, tid, native stack id) per sample, 0 for none; stacks_by_id: read_stacks of
+    the in-kernel map. Returns perf.json's tables, samples in time order; `lost` counts the
+    samples whose id is not in the map."""
     symbols = symbols or Symbols(pid)
     frames: dict[tuple[str, str], int] = {}
     stacks: dict[tuple[int, ...], int] = {}
-    by_ids: dict[tuple[int, int], int] = {}
+    by_id: dict[int, int] = {}
     columns: dict[str, list[int]] = {"t_ns": [], "tid": [], "period_ns": [], "stack": []}
     lost = 0
-    for t_ns, tid, ustack, kstack in sorted(rows):
-        if ustack in LOST_ERRORS or kstack in LOST_ERRORS:
-            lost += 1
-        if ustack < 0 and kstack < 0:
+    for t_ns, tid, native in sorted(rows):
+        if native == 0:
             continue
-        stack = by_ids.get((ustack, kstack))
+        stack = by_id.get(native)
         if stack is None:
+            if native not in stacks_by_id:
+                lost += 1
+                continue
+            user, kernel = stacks_by_id[native]
             # Leaf first, as perf prints a call chain: the kernel's frames, then the user's.
-            chain = [
-                frames.setdefault(symbols.frame(address, kernel), len(frames))
-                for stack_id, kernel in ((kstack, True), (ustack, False))
-                if stack_id >= 0
-                for address in stack_map.walk(stack_id)
-            ]
+            chain = [frames.setdefault(symbols.frame(a, True), len(frames)) for a in kernel]
+            chain += [frames.setdefault(symbols.frame(a, False), len(frames)) for a in user]
             chain.reverse()
-            stack = by_ids[(ustack, kstack)] = stacks.setdefault(tuple(chain), len(stacks))
+            stack = by_id[native] = stacks.setdefault(tuple(chain), len(stacks))
         columns["t_ns"].append(t_ns)
         columns["tid"].append(tid)
         columns["period_ns"].append(period_ns)

@@ -129,16 +129,73 @@ static inline u64 walk_python(int count_missing) {
 struct pysample {
     u64 t_ns;
     u64 stack;   // the Python stack's id, 0 for none
+    u64 native;  // the native stack's id in native_stacks, 0 for none
     u32 tid;
-    s32 ustack;  // native_stacks ids, negative: none (an error number)
-    s32 kstack;
     u32 python;  // the thread has a thread state: a Python thread
 };
 
 BPF_ARRAY(sample_log, struct pysample, SAMPLE_CAPACITY);
 BPF_ARRAY(sample_count, u64, 1);
+
 #ifdef NATIVE_STACKS
-BPF_STACK_TRACE(native_stacks, NATIVE_STACKS);
+// Each distinct stack is stored once, keyed by a 64-bit hash of its frames, as the Python
+// stacks are: the kernel's stack-trace map keys on a bucket of a 32-bit hash and refuses a
+// second stack that lands in a taken bucket, which with a few hundred stacks happens most
+// captures and would lose every sample of that stack.
+#define NATIVE_USER_FRAMES 48
+#define NATIVE_KERNEL_FRAMES 24
+struct nstack {
+    u64 user[NATIVE_USER_FRAMES];      // leaf first
+    u64 kernel[NATIVE_KERNEL_FRAMES];  // leaf first
+    u32 user_depth;
+    u32 kernel_depth;
+};
+BPF_PERCPU_ARRAY(nstack_scratch, struct nstack, 1);
+BPF_HASH(native_stacks, u64, struct nstack, NATIVE_STACKS);
+// 0 samples whose stack did not fit the map, 1 samples with no stack at all
+BPF_ARRAY(native_counts, u64, 2);
+
+static inline void count_native(u32 which) {
+    u64 *n = native_counts.lookup(&which);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+
+static inline u64 native_stack(void *ctx) {
+    u32 zero = 0;
+    struct nstack *s = nstack_scratch.lookup(&zero);
+    if (!s)
+        return 0;
+    long user = bpf_get_stack(ctx, s->user, sizeof(s->user), BPF_F_USER_STACK);
+    long kernel = bpf_get_stack(ctx, s->kernel, sizeof(s->kernel), 0);
+    s->user_depth = user > 0 ? (u64)user / 8 : 0;
+    s->kernel_depth = kernel > 0 ? (u64)kernel / 8 : 0;
+    if (!s->user_depth && !s->kernel_depth) {
+        count_native(1);
+        return 0;
+    }
+    u64 hash = 14695981039346656037ULL;
+    for (int i = 0; i < NATIVE_USER_FRAMES; i++) {
+        if (i >= s->user_depth)
+            break;
+        hash = (hash ^ s->user[i]) * 1099511628211ULL;
+    }
+    hash = (hash ^ s->user_depth) * 1099511628211ULL;
+    for (int i = 0; i < NATIVE_KERNEL_FRAMES; i++) {
+        if (i >= s->kernel_depth)
+            break;
+        hash = (hash ^ s->kernel[i]) * 1099511628211ULL;
+    }
+    hash = (hash ^ s->kernel_depth) * 1099511628211ULL;
+    if (hash == 0)
+        hash = 1;
+    if (!native_stacks.lookup(&hash) && native_stacks.insert(&hash, s) &&
+        !native_stacks.lookup(&hash)) {
+        count_native(0);  // the map is full
+        return 0;
+    }
+    return hash;
+}
 #endif
 
 // The context's registers are not read, so its type is left out: including
@@ -150,11 +207,8 @@ int on_cpu_sample(void *ctx) {
     u32 tid = pid_tgid;
     u32 python = tstates.lookup(&tid) ? 1 : 0;
     struct pysample sample = {};
-    sample.ustack = -1;
-    sample.kstack = -1;
 #ifdef NATIVE_STACKS
-    sample.ustack = native_stacks.get_stackid(ctx, BPF_F_USER_STACK);
-    sample.kstack = native_stacks.get_stackid(ctx, 0);
+    sample.native = native_stack(ctx);
 #else
     if (!python)
         return 0;
