@@ -335,12 +335,8 @@ class EbpfCollector:
             described.append(f"{kind}:{path}:{what}")
 
         try:
-            for entry in copy.entries:
-                if entry.point is not None:
-                    what = f"{entry.address:#x} ({entry.symbol} entry, {entry.point.instruction})"
-                    probe("uprobe", what, addr=entry.address, fn_name=copy.handler)
-                else:
-                    probe("uprobe", entry.symbol, sym=entry.symbol, fn_name=copy.handler)
+            # The ends first, as the duty cycle attaches them: a region entered between an
+            # entry probe and its end probe would never be seen to end.
             if copy.end is not None:
                 what = f"{copy.end.address:#x} (region end, after the team barrier)"
                 probe("uprobe", what, addr=copy.end.address, fn_name="on_region_return")
@@ -358,6 +354,12 @@ class EbpfCollector:
                     "not be found (objdump/readelf missing or an indirect jump): region ends "
                     "come from a uretprobe, which makes py-spy --native's pauses longer"
                 )
+            for entry in copy.entries:
+                if entry.point is not None:
+                    what = f"{entry.address:#x} ({entry.symbol} entry, {entry.point.instruction})"
+                    probe("uprobe", what, addr=entry.address, fn_name=copy.handler)
+                else:
+                    probe("uprobe", entry.symbol, sym=entry.symbol, fn_name=copy.handler)
         except Exception as exc:  # a stripped or unusual runtime: the rest still works
             for kind, where in added:
                 with contextlib.suppress(Exception):
