@@ -223,14 +223,16 @@ def capture_options(function: F) -> F:
             type=click.Choice(["fp", "dwarf"]),
             default="fp",
             show_default=True,
-            help="perf unwinding (dwarf: whole stacks, ~100x data).",
+            help="native stack unwinding: fp (frame pointers, by the eBPF sampler or perf) or "
+            "dwarf (perf record only: whole stacks, ~100x data).",
         ),
         click.option(
             "--perf-rate",
             type=Number(int, 1, 100000, unit=" Hz"),
             default=49,
             show_default=True,
-            help="perf cpu-clock sampling rate in Hz.",
+            help="native stacks' cpu-clock sampling rate in Hz (the eBPF sampler's, or perf "
+            "record's).",
         ),
         click.option(
             "--perf-scope",
