@@ -55,17 +55,12 @@ SCHED_TRACE_SHARE = 0.2
 FIXED_SHARE = 0.15
 
 
-def region_probe_share(pyspy: bool, sched: bool = True) -> float:
-    """The OpenMP region probes' part of the budget. With py-spy in the capture, their own 15%.
-    Without it (the default where the eBPF walker runs) py-spy's parts are not spent elsewhere,
-    so the default capture aims at half of --budget, 1% at the default 2%: the bound the eBPF
-    profilers state for a default capture. The scheduler tracepoints' part goes to the probes
-    when the scheduler is not traced, since the probes are then what places the pool's work
-    under its Python call site (docs/results/overhead.md, "Serving at 64 threads": given
-    py-spy's parts as well, they cost a serving front about 1.5%)."""
-    if pyspy:
-        return REGION_PROBE_SHARE
-    return REGION_PROBE_SHARE + (0.0 if sched else SCHED_TRACE_SHARE)
+def region_probe_share(pyspy: bool) -> float:
+    """The OpenMP region probes' part of the budget. Without py-spy in the capture (the default
+    where the eBPF walker runs) its parts are free, and the probes may have them: they are then
+    what places the pool's work under its Python call site, and nothing else would
+    (docs/results/overhead.md, "Serving at 64 threads": a serving front's rate)."""
+    return REGION_PROBE_SHARE + (0.0 if pyspy else PYSPY_STOP_SHARE + PYSPY_CPU_SHARE)
 
 
 def pyspy_stop_share(probes: bool) -> float:

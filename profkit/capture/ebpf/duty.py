@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 
 PERIOD_S = 2.0
 # Below this the on-times are too short and too few to place the pool: the probes are detached.
-# At 0.02 an on-time is 0.04 s plus the detach (0.7 s for torch's libgomp), a few thousand
-# regions of a flood of small ones, and the off-time after it about 35 s.
-MIN_DUTY = 0.02
+MIN_DUTY = 0.05
 END_GRACE_S = 0.05
 
 
