@@ -137,24 +137,33 @@ def _worker_time_per_region(
     )
     begin = np.maximum(sched.slice_start[mask], window[0])
     finish = np.minimum(sched.slice_end[mask], window[1])
+    opened = None
     if sched.region_on:
         # Probes switched on and off: only the on-times have their regions, and worker time
         # outside them belongs to regions nobody saw.
-        begin, finish = _clip(begin, finish, sched.region_on)
+        begin, finish, opened = _clip(begin, finish, sched.region_on)
     middle = (begin + finish) // 2
-    index = np.clip(np.searchsorted(starts, middle, side="right") - 1, 0, len(starts) - 1)
-    return np.bincount(index, weights=(finish - begin).astype(float), minlength=len(starts))
+    found = np.searchsorted(starts, middle, side="right") - 1
+    index = np.clip(found, 0, len(starts) - 1)
+    weights = (finish - begin).astype(float)
+    if opened is not None:
+        # Worker time before an on-time's first region belongs to a region that started
+        # while the probes were off, not to the last one seen in an earlier on-time.
+        weights[(found < 0) | (starts[index] < opened)] = 0.0
+    return np.bincount(index, weights=weights, minlength=len(starts))
 
 
 def _clip(
     begin: np.ndarray, finish: np.ndarray, intervals: tuple[tuple[int, int], ...]
-) -> tuple[np.ndarray, np.ndarray]:
-    """The parts of the spans [begin, finish) that lie inside the intervals."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The parts of the spans [begin, finish) that lie inside the intervals, and where the
+    interval of each part opened."""
     pieces = [(np.maximum(begin, a), np.minimum(finish, b)) for a, b in intervals]
     starts = np.concatenate([p[0] for p in pieces]) if pieces else begin[:0]
     ends = np.concatenate([p[1] for p in pieces]) if pieces else finish[:0]
+    opened = np.concatenate([np.full(len(begin), a) for a, _ in intervals]) if pieces else begin[:0]
     keep = ends > starts
-    return starts[keep], ends[keep]
+    return starts[keep], ends[keep], opened[keep]
 
 
 def probed_share(sched: SchedData, window: tuple[int, int]) -> float:

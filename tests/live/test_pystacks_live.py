@@ -91,6 +91,33 @@ def test_three_sites_at_default_settings(start_recipe, tmp_path: Path) -> None:
     assert nested in chains, chains
 
 
+def test_three_sites_with_the_probes_switched(start_recipe, tmp_path: Path) -> None:
+    """A budget too small for the probes switches them on and off; with the scheduler traced,
+    each region's worker time is what ran between it and the next, and the pool's CPU must
+    still split 1:2:3. Worker time after an on-time's entries go off, or before its first
+    region, belongs to regions nobody saw (it went to the last region seen, one site's)."""
+    recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
+    out = tmp_path / "b"
+    captured = attach(recipe.pid, out, "--budget", "0.2", "--ebpf-sched", "on", duration=8.0)
+    assert captured.returncode == 0, captured.stderr
+    ebpf = json.loads((out / "ebpf.json").read_text())
+    decision = ebpf["regions_decision"]
+    if "duty" not in decision:
+        pytest.skip(f"{decision.get('regions_per_s')} regions/s fit a 0.2% budget here")
+    on = decision["on_ns"]
+    assert len(on) >= 2 and ebpf["slices"]["tid"], decision
+    starts = ebpf["regions"]["start_ns"]
+    assert all(any(a <= t <= b for a, b in on) for t in starts), "regions only in on-times"
+    assert decision["regions_after_on_times"] >= 0
+    report = report_of(out)
+    rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
+    assert set(rows) == set(SITES), report["attribution"]
+    # Each on-time cuts a round at its two edges: a few regions per on-time.
+    assert_ratio({site: rows[site]["regions"] for site in SITES}, 0.05)
+    for site, weight in SITES.items():
+        assert rows[site]["share"] == pytest.approx(weight / 6, abs=0.05), rows
+
+
 def test_nested_frames_give_the_whole_stack(start_recipe, tmp_path: Path) -> None:
     recipe = start_recipe("sites.py", "--pool", "gomp", "--rounds-per-s", "50", warmup=0.5)
     captured = attach(recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=2.0)

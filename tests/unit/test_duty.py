@@ -7,7 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from profkit.analysis.attribution import _clip
+from profkit.analysis.attribution import _clip, _worker_time_per_region
+from profkit.bundle.read import SchedData
 from profkit.capture.ebpf.duty import DutyCycle
 
 
@@ -76,9 +77,36 @@ def test_a_failing_probe_change_stops_the_switching_and_says_why() -> None:
 def test_worker_time_is_clipped_to_the_on_times() -> None:
     begin = np.array([0, 50, 200, 390], dtype=np.int64)
     finish = np.array([100, 60, 300, 420], dtype=np.int64)
-    starts, ends = _clip(begin, finish, ((40, 80), (250, 400)))
-    pieces = sorted(zip(starts.tolist(), ends.tolist(), strict=True))
-    assert pieces == [(40, 80), (50, 60), (250, 300), (390, 400)]
+    starts, ends, opened = _clip(begin, finish, ((40, 80), (250, 400)))
+    pieces = sorted(zip(starts.tolist(), ends.tolist(), opened.tolist(), strict=True))
+    assert pieces == [(40, 80, 40), (50, 60, 40), (250, 300, 250), (390, 400, 250)]
+
+
+def test_worker_time_before_an_on_times_first_region_goes_to_no_region() -> None:
+    """On-times (0, 100) and (200, 300), one region seen in each, at 10 and 210. Worker time
+    at 200-208 ran before the second on-time's first region: a region entered while the probes
+    were off owns it, not the one at 10 from the on-time before."""
+
+    def ns(values: list[int]) -> np.ndarray:
+        return np.array(values, dtype=np.int64)
+
+    sched = SchedData(
+        threads={},
+        wakeups=(),
+        slice_tid=ns([7, 7, 7, 7]),
+        slice_start=ns([20, 90, 200, 220]),
+        slice_end=ns([60, 230, 208, 240]),
+        slice_voluntary=ns([0, 0, 0, 0]),
+        region_tid=ns([1, 1]),
+        region_start=ns([10, 210]),
+        region_end=ns([15, 215]),
+        region_requested=ns([0, 0]),
+        lost=0,
+        uprobes_attached=True,
+        region_on=((0, 100), (200, 300)),
+    )
+    worker_ns = _worker_time_per_region(sched, {7}, ns([10, 210]), (0, 300))
+    assert worker_ns.tolist() == [50.0, 50.0]
 
 
 def test_the_duty_follows_the_rate_the_on_times_see() -> None:

@@ -7,6 +7,7 @@ Probes are attached with pid=TARGET only, and detached by BPF.cleanup() on every
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import json
@@ -150,6 +151,7 @@ class EbpfCollector:
         self._sched_bpf: BpfProgram | None = None
         self._openmp_bpf: BpfProgram | None = None
         self.sched_decision: dict[str, object] = {}
+        self._on_ns: list[tuple[int, int]] = []  # the switched probes' on-times
         self.region_decision: dict[str, object] = {}
         self._context: CaptureContext | None = None
         self.slices: dict[str, list[int]] = {
@@ -479,6 +481,7 @@ class EbpfCollector:
             return
         cycle, self._cycle = self._cycle, None
         on_ns = cycle.stop()
+        self._on_ns = list(on_ns)
         self.region_decision["duty"] = round(cycle.duty, 3)  # the last, from the window's rate
         self.region_decision["on_ns"] = [list(interval) for interval in on_ns]
         self.region_decision["probed_s"] = round(cycle.probed_s, 3)
@@ -624,11 +627,23 @@ class EbpfCollector:
         return entries, ended
 
     def _read_regions(self, bpf: BpfProgram, count: int, stack_index: dict[int, int]) -> None:
-        """Copy the in-kernel region log out in one batch, after the window."""
+        """Copy the in-kernel region log out in one batch, after the window. Where the probes
+        were switched, a region entered after its on-time closed (while the entry probes were
+        going off, some still trapping) is left out: the regions kept are those of the on-times."""
+        on = sorted(self._on_ns)
+        opens = [a for a, _ in on]
+        late = 0
         for _, v in _read_log(bpf, "region_log", count, self.lost, "regions"):
+            if on:
+                at = bisect.bisect_right(opens, v.start_ns) - 1
+                if at < 0 or v.start_ns > on[at][1]:
+                    late += 1
+                    continue
             for key in ("start_ns", "end_ns", "tid", "requested", "runtime"):
                 self.regions[key].append(getattr(v, key))
             self.regions["stack"].append(stack_index.get(int(v.stack), -1))
+        if on:
+            self.region_decision["regions_after_on_times"] = late
 
     def _read_samples(
         self, bpf: BpfProgram, stack_index: dict[int, int]

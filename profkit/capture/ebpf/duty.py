@@ -74,8 +74,10 @@ class DutyCycle:
                 self._adapt(counted, began)
                 if self.duty >= 1.0:
                     continue  # fewer regions than the rate check saw: they stay on
-                self.detach(True)
+                # The on-time ends as the first entry probe goes off: from then on regions go
+                # unseen, and their workers' time would be given to the last region seen.
                 self._close()
+                self.detach(True)
                 if self._wait(END_GRACE_S):
                     return
                 self.detach(False)
