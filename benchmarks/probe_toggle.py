@@ -25,7 +25,14 @@ collector of profkit's, sampling from this process over the block as in a captur
 (the walker's on-CPU sampler as it ran beside perf record: a cpu-clock event at 49 Hz per CPU,
 Python stacks of the Python threads) | pysampler+perf (that and perf record: how the former
 default set sampled) | native (the sampler as the default set runs it now, without perf
-record: every thread's Python and kernel and user stacks).
+record: every thread's Python and kernel and user stacks) | switch (what switching the probes
+on and off costs beyond their traps: every probe a capture puts in the libgomp copy, each
+entry point and the end, attached with the region program and at once detached as a capture
+detaches them, over and over through the block; the regions that start in the moments
+between are counted, so that their traps can be told from the switching) | switch2 (the same
+with two probes: GOMP_parallel's entry and the end) | on-edge, off-edge (one edge inside the
+block: the capture's probes attached as it starts, or detached as it ends, the other edge
+outside it; against `both`, what one edge costs).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -59,11 +67,12 @@ from profkit.capture.collectors.child import ChildTool
 from profkit.capture.collectors.perfrecord import record_args
 from profkit.capture.collectors.procstat import ProcCollector
 from profkit.capture.ebpf.collector import PYTHON_SAMPLE_HZ
-from profkit.capture.ebpf.loader import load_bcc
+from profkit.capture.ebpf.loader import detach_uprobes, load_bcc
 from profkit.capture.ebpf.native import NATIVE_STACK_ENTRIES
 from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
+from profkit.capture.ebpf.regions import find_probes
 from profkit.host import procfs
-from profkit.host.target import inspect
+from profkit.host.target import Runtime, inspect
 
 TRAPS_ONLY = """
 int on_entry_0(struct pt_regs *ctx) { return 0; }
@@ -83,6 +92,10 @@ LAYOUTS = {
     "pysampler": ("", False, False),
     "pysampler+perf": ("", False, False),
     "native": ("", False, False),
+    "switch": ("", False, False),
+    "switch2": ("", False, False),
+    "on-edge": ("", False, False),
+    "off-edge": ("", False, False),
 }
 # layout -> the program whose on-CPU sampler it attaches
 ON_CPU_SAMPLERS = {"pysampler": "regions", "pysampler+perf": "regions", "native": "native"}
@@ -131,6 +144,8 @@ class Probes:
         }
         self._bcc = bcc
         self._sampling: object | None = None
+        self.switching = Switching(self)
+        self.switching2 = Switching(self, entries=1)
         self.perf = PerfRecord()
         self.sampler = Sampler(pid)
 
@@ -157,10 +172,16 @@ class Probes:
             self._sampling = bpf
         if layout in SAMPLERS:
             self.sampler.start(SAMPLERS[layout]())
+        if layout == "switch":
+            self.switching.start()
+        if layout == "switch2":
+            self.switching2.start()
         for bpf, address, handler in self.points(layout):
             bpf.attach_uprobe(name=self.path, addr=address, fn_name=handler, pid=self.pid)  # type: ignore[attr-defined]
 
     def detach(self, layout: str) -> None:
+        self.switching.stop()
+        self.switching2.stop()
         self.perf.stop()
         self.sampler.stop()
         self._stop_sampling()
@@ -179,11 +200,61 @@ class Probes:
             self._sampling = None
 
     def close(self) -> None:
+        self.switching.stop()
+        self.switching2.stop()
         self.perf.stop()
         self.sampler.stop()
         self._stop_sampling()
         for bpf in self.programs.values():
             bpf.cleanup()
+
+
+class Switching:
+    """The capture's probes on the libgomp copy attached and detached in a loop, from a thread
+    of its own, as the duty cycle does at each edge of an on-time (profkit/capture/ebpf/duty.py)."""
+
+    def __init__(self, probes: Probes, entries: int | None = None) -> None:
+        found = find_probes(0, Runtime("libgomp", probes.path))
+        if found is None or found.end is None:
+            raise SystemExit(f"no probe points in {probes.path}")
+        self._bpf = probes.programs["regions"]
+        self._pid, self._path = probes.pid, probes.path
+        chosen = found.entries[:entries]
+        self.points = [e.address for e in chosen] + [found.end.address]
+        self.handlers = ["on_entry_0"] * len(chosen) + ["on_region_return"]
+        self.cycles = 0
+        self._attached: set[bytes] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.attach_all()
+            self.detach_all()
+            self.cycles += 1
+
+    def attach_all(self) -> None:
+        before = set(self._bpf.uprobe_fds)  # type: ignore[attr-defined]
+        for address, handler in zip(self.points, self.handlers, strict=True):
+            self._bpf.attach_uprobe(  # type: ignore[attr-defined]
+                name=self._path, addr=address, fn_name=handler, pid=self._pid
+            )
+        self._attached = set(self._bpf.uprobe_fds) - before  # type: ignore[attr-defined]
+
+    def detach_all(self) -> None:
+        detach_uprobes(self._bpf, self._attached)  # type: ignore[arg-type]
+        self._attached = set()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
 
 
 class Sampler:
@@ -252,10 +323,21 @@ class PerfRecord:
             process.wait()
 
 
-def block(pid: int, layout: str, seconds: float) -> Block:
+def block(
+    pid: int,
+    layout: str,
+    seconds: float,
+    first: Callable[[], None] | None = None,
+    last: Callable[[], None] | None = None,
+) -> Block:
+    """`first` runs as the block starts, `last` as it ends: both inside it."""
     time.sleep(PERF_SETTLE_S if "perf" in layout else SETTLE_S)
     cpu, start = process_cpu_ns(pid), time.monotonic_ns()
-    time.sleep(seconds)
+    if first is not None:
+        first()
+    time.sleep(max(0.0, seconds - (time.monotonic_ns() - start) / 1e9))
+    if last is not None:
+        last()
     end = time.monotonic_ns()
     return Block(layout, start, end, process_cpu_ns(pid) - cpu)
 
@@ -405,12 +487,22 @@ def main() -> int:
             while time.monotonic() < stop:
                 for layout in shuffled.sample(layouts, len(layouts)):
                     probes.attach(layout)
+                    edges = probes.switching
                     try:
-                        blocks.append(block(pid, layout, args.block))
+                        if layout == "on-edge":
+                            blocks.append(block(pid, layout, args.block, first=edges.attach_all))
+                        elif layout == "off-edge":
+                            edges.attach_all()
+                            blocks.append(block(pid, layout, args.block, last=edges.detach_all))
+                        else:
+                            blocks.append(block(pid, layout, args.block))
                     finally:
                         probes.detach(layout)
+                        edges.detach_all()
                     blocks.append(block(pid, "bare", args.block))
             regions = probes.regions() - started_with
+            cycles = probes.switching.cycles
+            cycles2 = probes.switching2.cycles
         finally:
             probes.close()
         time.sleep(0.2)
@@ -425,6 +517,12 @@ def main() -> int:
         if LAYOUTS.get(b.layout, ("", False, False))[:2] == ("regions", True)
     )
     counted = f"; {regions / probed_s:,.0f} regions/s" if probed_s else ""
+    for name, made in (("switch", cycles), ("switch2", cycles2)):
+        switch_s = sum((b.end_ns - b.start_ns) / 1e9 for b in blocks if b.layout == name)
+        if switch_s:
+            counted += f"; {name} blocks: {made / switch_s:.1f} attach-detach cycles/s"
+    if not probed_s and regions:
+        counted += f"; {regions} regions probed between attach and detach"
     print(
         f"# {args.target}, {args.threads} threads, {os.cpu_count()} CPUs, {len(blocks)} blocks "
         f"of {args.block:g} s{counted}"
@@ -446,10 +544,13 @@ def main() -> int:
         cpu = sum(b.cpu_ns for b in blocks if b.layout == layout) / sum(
             w for w, b in zip(work, blocks, strict=True) if b.layout == layout
         )
+        length = statistics.fmean(
+            (b.end_ns - b.start_ns) / 1e9 for b in blocks if b.layout == layout
+        )
         print(
             f"{layout:<10} {len(ratios):>6} {math.exp(statistics.fmean(ratios)):>7.4f}  "
             f"{math.exp(low):.4f}-{math.exp(high):.4f}  {cpu / 1e3:8.0f} us "
-            f"({100 * (cpu / bare_cpu - 1):+.1f}%)"
+            f"({100 * (cpu / bare_cpu - 1):+.1f}%)  {length:.2f} s"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(out))

@@ -92,10 +92,11 @@ def test_three_sites_at_default_settings(start_recipe, tmp_path: Path) -> None:
 
 
 def test_three_sites_with_the_probes_switched(start_recipe, tmp_path: Path) -> None:
-    """A budget too small for the probes switches them on and off; with the scheduler traced,
-    each region's worker time is what ran between it and the next, and the pool's CPU must
-    still split 1:2:3. Worker time after an on-time's entries go off, or before its first
-    region, belongs to regions nobody saw (it went to the last region seen, one site's)."""
+    """A budget too small for the probes switches them: off as the window opens, on for the
+    last part of it (an 8-s capture is one period). With the scheduler traced, each region's
+    worker time is what ran between it and the next, and the pool's CPU must still split
+    1:2:3. Worker time before the on-time's first region belongs to a region nobody saw (it
+    went to the last region seen, one site's); several on-times are the unit tests'."""
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
     out = tmp_path / "b"
     captured = attach(recipe.pid, out, "--budget", "0.2", "--ebpf-sched", "on", duration=8.0)
@@ -105,10 +106,13 @@ def test_three_sites_with_the_probes_switched(start_recipe, tmp_path: Path) -> N
     if "duty" not in decision:
         pytest.skip(f"{decision.get('regions_per_s')} regions/s fit a 0.2% budget here")
     on = decision["on_ns"]
-    assert len(on) >= 2 and ebpf["slices"]["tid"], decision
+    assert len(on) == 1 and ebpf["slices"]["tid"], decision
+    window = json.loads((out / "manifest.json").read_text())["window"]
+    assert window["start_ns"] < on[0][0] < on[0][1] >= window["end_ns"], (window, on)
     starts = ebpf["regions"]["start_ns"]
     assert all(any(a <= t <= b for a, b in on) for t in starts), "regions only in on-times"
     assert decision["regions_after_on_times"] >= 0
+    assert decision["regions_before_on_times"] > 0, "the rate check's regions are left out"
     report = report_of(out)
     rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
     assert set(rows) == set(SITES), report["attribution"]

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import itertools
 import random
+import time
 
 import numpy as np
 import pytest
 
 from profkit.analysis.attribution import _clip, _worker_time_per_region
 from profkit.bundle.read import SchedData
-from profkit.capture.ebpf.duty import DutyCycle
+from profkit.capture.ebpf.duty import PERIOD_S, DutyCycle
 
 
 class Simulated(DutyCycle):
     """A duty cycle whose sleeps and probe changes advance a clock of its own: attaching takes
     `attach_s`, detaching `detach_s` (the kernel's waits), and the run ends after `until_s`."""
 
-    def __init__(self, duty: float, attach_s: float, detach_s: float, until_s: float) -> None:
+    def __init__(
+        self,
+        duty: float,
+        attach_s: float,
+        detach_s: float,
+        until_s: float,
+        window_s: float | None = None,
+    ) -> None:
         self.now_ns = 0
         self.calls: list[tuple[str, bool, int]] = []
         self.limit_ns = int(until_s * 1e9)
@@ -29,10 +38,13 @@ class Simulated(DutyCycle):
             return act
 
         super().__init__(
-            duty, lambda: self.now_ns, change("attach", attach_s), change("detach", detach_s)
+            duty,
+            lambda: self.now_ns,
+            change("attach", attach_s),
+            change("detach", detach_s),
+            window_s=window_s,
         )
         self._random = random.Random(7)
-        self.window_opened()
 
     def _wait(self, seconds: float) -> bool:
         self.now_ns += int(seconds * 1e9)
@@ -41,37 +53,63 @@ class Simulated(DutyCycle):
 
 @pytest.mark.parametrize("duty", [0.05, 0.3, 0.8])
 def test_the_probes_trap_for_their_duty_of_the_time(duty: float) -> None:
-    """Off-times follow the on-times measured, detach waits included: over a long run the
-    probes trap (from the first attach to the last detach) for `duty` of the time, the ends
-    go on before and come off after the entries, and every on-time lies inside a trapping time."""
+    """A capture without an end: the probes come off before the window, and each period of
+    PERIOD_S is off and then on, `duty` of the time over a long run; the ends go on before and
+    come off after the entries, and one detach falls in each period, not one every few
+    seconds (a detach is the costly edge)."""
     cycle = Simulated(duty, attach_s=0.01, detach_s=0.7, until_s=4000)
-    cycle.start(0)
+    cycle.start()
+    cycle.window_opened()
     on = cycle.stop()
     calls = [(kind, entries) for kind, entries, _ in cycle.calls]
-    cycles = len(calls) // 4
-    assert cycles > 50
     assert calls[:2] == [("detach", True), ("detach", False)]
+    window_ns = cycle.calls[1][2] + 0.7e9
     assert calls[2:6] == [("attach", False), ("attach", True), ("detach", True), ("detach", False)]
-    trapping = [0] + [t for kind, entries, t in cycle.calls if kind == "attach" and not entries]
-    released = [t + 0.7e9 for kind, entries, t in cycle.calls if kind == "detach" and not entries]
-    trapped_ns = sum(b - a for a, b in zip(trapping, released, strict=False))
-    assert trapped_ns / released[-1] == pytest.approx(duty, rel=0.1)
-    # The run may end in an on-time, which stop() closes.
-    assert len(on) - len(released) in (0, 1) and all(a < b for a, b in on)
-    assert all(t <= a and b <= r for (a, b), t, r in zip(on, trapping, released, strict=False))
+    detaches = calls[2:].count(("detach", True))
+    assert 4000 / PERIOD_S / 1.5 < detaches < 4000 / PERIOD_S * 1.5
+    probed_ns = sum(b - a for a, b in on)
+    assert probed_ns / (cycle.now_ns - window_ns) == pytest.approx(duty, rel=0.15)
+    assert all(a < b for a, b in on)
+    assert all(b1 < a2 for (_, b1), (a2, _) in itertools.pairwise(on))
 
 
-def test_a_failing_probe_change_stops_the_switching_and_says_why() -> None:
+def test_a_window_of_one_period_detaches_nothing_inside_it() -> None:
+    """A 5-s capture at a duty of 0.4: the probes come off before the window, go on 3 s into it
+    and stay on to its end; teardown takes them off."""
+    cycle = Simulated(0.4, attach_s=0.01, detach_s=0.7, until_s=100, window_s=5.0)
+    cycle.start()
+    opened_ns = cycle.now_ns
+    cycle.window_opened()
+    while len(cycle.calls) < 4:
+        time.sleep(0.001)
+    cycle.now_ns = opened_ns + int(5e9)
+    on = cycle.stop()
+    calls = [(kind, entries, t - opened_ns) for kind, entries, t in cycle.calls]
+    assert calls == [
+        ("detach", True, -1_400_000_000),
+        ("detach", False, -700_000_000),
+        ("attach", False, 3_000_000_000),
+        ("attach", True, 3_010_000_000),
+    ]
+    assert on == [(opened_ns + 3_010_000_000, opened_ns + 5_000_000_000)]
+
+
+@pytest.mark.parametrize("change", ["attach", "detach"])
+def test_a_failing_probe_change_stops_the_switching_and_says_why(change: str) -> None:
+    """The target left: the first attach fails (no on-time), or the first detach after an
+    on-time does (that on-time is kept)."""
     cycle = Simulated(0.5, attach_s=0.0, detach_s=0.1, until_s=100)
 
     def refuse(entries: bool) -> None:
         raise OSError("No such process")
 
-    cycle.attach = refuse
-    cycle.start(0)
+    cycle.start()
+    setattr(cycle, change, refuse)
+    cycle.window_opened()
     on = cycle.stop()
     assert cycle.error == "region probes stopped switching: No such process"
-    assert len(on) == 1 and on[0][0] == 0
+    assert len(on) == (0 if change == "attach" else 1)
+    assert all(0 < a < b for a, b in on)
 
 
 def test_worker_time_is_clipped_to_the_on_times() -> None:
@@ -116,6 +154,7 @@ def test_the_duty_follows_the_rate_the_on_times_see() -> None:
     rate, cost_s, budget = 10_000, 8.5e-6, 0.013  # 8.5% of the thread on: a duty of 0.153
     cycle.entries = lambda: int(rate * cycle.now_ns / 1e9)
     cycle.cost_s, cycle.budget = cost_s, budget
-    cycle.start(0)
+    cycle.start()
+    cycle.window_opened()
     cycle.stop()
     assert cycle.duty == pytest.approx(budget / (rate * cost_s), rel=0.01)

@@ -176,7 +176,6 @@ class EbpfCollector:
         self._cycle: DutyCycle | None = None  # set when the probes are switched on and off
         # bcc's names of the attached entry (True) and end (False) probes' events
         self._events: dict[bool, set[bytes]] = {}
-        self._attached_ns = 0
         # The region-rate check runs while the other tools settle; the window waits for it.
         self._judged = threading.Event()
         self._judged.set()
@@ -296,8 +295,6 @@ class EbpfCollector:
                     self._attach_sampler(bcc, bpf)
                 assert self.walker is not None
                 self.walker.attach(bpf)
-            if self._context is not None:
-                self._attached_ns = self._context.clock()  # the probes' first on-time
             for copy in probes:
                 self._attach_regions(copy, program.tgid)
         except Exception:
@@ -427,6 +424,7 @@ class EbpfCollector:
                 context.clock,
                 self._attach_probes,
                 self._detach_probes,
+                window_s=context.duration_s,
                 entries=lambda: sum(self._entries_by_copy().values()),
                 cost_s=per_region_s,
                 budget=budget,
@@ -438,7 +436,7 @@ class EbpfCollector:
             )
             self.region_decision["reason"] = reason
             self.warnings.append(reason)
-            self._cycle.start(self._attached_ns)
+            self._cycle.start()
             return
         reason = f"OpenMP region probes detached: {cost}; attribution " + (
             "falls back to py-spy's native stacks"
@@ -628,21 +626,26 @@ class EbpfCollector:
 
     def _read_regions(self, bpf: BpfProgram, count: int, stack_index: dict[int, int]) -> None:
         """Copy the in-kernel region log out in one batch, after the window. Where the probes
-        were switched, a region entered after its on-time closed (while the entry probes were
-        going off, some still trapping) is left out: the regions kept are those of the on-times."""
+        were switched, a region entered before the first on-time (during the rate check, before
+        the window) or after its on-time closed (while the entry probes were going off, some
+        still trapping) is left out: the regions kept are those of the on-times."""
         on = sorted(self._on_ns)
         opens = [a for a, _ in on]
-        late = 0
+        early = late = 0
         for _, v in _read_log(bpf, "region_log", count, self.lost, "regions"):
             if on:
                 at = bisect.bisect_right(opens, v.start_ns) - 1
-                if at < 0 or v.start_ns > on[at][1]:
+                if at < 0:
+                    early += 1  # the rate check's, before the window
+                    continue
+                if v.start_ns > on[at][1]:
                     late += 1
                     continue
             for key in ("start_ns", "end_ns", "tid", "requested", "runtime"):
                 self.regions[key].append(getattr(v, key))
             self.regions["stack"].append(stack_index.get(int(v.stack), -1))
         if on:
+            self.region_decision["regions_before_on_times"] = early
             self.region_decision["regions_after_on_times"] = late
 
     def _read_samples(

@@ -9,12 +9,17 @@ pool's work, and on average the traps cost what their share of the budget allows
 go into ebpf.json (regions_decision.on_ns), and the analysis takes the pool's worker time only
 from them.
 
-Detaching takes the kernel about 0.1 s a probe (0.7 s for the seven of torch's libgomp,
-docs/results/ebpf-cost.md), and the probes may trap until it is done, so each off-time is set
-from the on-time just measured, from the first attach to the last detach: on / off = duty /
-(1 - duty). The off-times scatter by half either way, so that the sampling does not keep step
-with a periodic target. The entries are attached after the ends and detached before them, and
-the ends stay on END_GRACE_S longer: a region that starts in an on-time keeps its end.
+The two edges of an on-time do not cost the same. Attaching is cheap, but detaching the
+probes of torch's libgomp cost the serving front 40-120 ms of its work each time on 2 cores
+(docs/results/ebpf-cost.md, "Switching"), so an on-time every couple of seconds cost it as
+much as the traps it saved. Hence the schedule: the probes come off once the rate check has
+decided, before the window opens; the window is cut into periods of PERIOD_S (a capture
+shorter than that is one period), and each period is off for the first (1 - duty) of it and on
+for the rest. The last on-time runs to the window's end, and its probes come off at teardown,
+after the window, so a capture of one period detaches nothing inside its window. The off-times
+of the periods before the last scatter by half either way, so that the sampling does not keep
+step with a periodic target. The entries are attached after the ends and detached before
+them, and the ends stay on END_GRACE_S longer: a region that starts in an on-time keeps its end.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PERIOD_S = 2.0
+# One detach a period costs the serving front about 0.2% at this length (60 ms in 30 s).
+PERIOD_S = 30.0
 # Below this the on-times are too short and too few to place the pool: the probes are detached.
 MIN_DUTY = 0.05
 END_GRACE_S = 0.05
@@ -32,19 +38,23 @@ END_GRACE_S = 0.05
 
 @dataclass
 class DutyCycle:
-    """Switches the probes from a thread of its own; the probes are on when it starts."""
+    """Switches the probes from a thread of its own; start() takes them off."""
 
     duty: float
     clock: Callable[[], int]
     # attach(entries) / detach(entries): the entry probes when True, the end probes when False.
     attach: Callable[[bool], None]
     detach: Callable[[bool], None]
+    # The window's length: None for a capture that runs until stopped.
+    window_s: float | None = None
     # Regions entered so far, the cost of one and the probes' part of the budget: each on-time
-    # measures the rate again and sets the duty from it, as the rate check's 0.3 s ran while
-    # the other tools started and can count far fewer regions than the window sees.
+    # but the last measures the rate again and sets the next period's duty from it, as the rate
+    # check's 0.3 s ran while the other tools started and can count far fewer regions than the
+    # window sees.
     entries: Callable[[], int] | None = None
     cost_s: float = 0.0
     budget: float = 0.0
+    period_s: float = PERIOD_S
     on_ns: list[tuple[int, int]] = field(default_factory=list)
     error: str = ""
     _since: int | None = None
@@ -53,27 +63,41 @@ class DutyCycle:
     _thread: threading.Thread | None = None
     _random: random.Random = field(default_factory=random.Random)
 
-    def start(self, on_since: int) -> None:
-        self._since = on_since
+    def start(self) -> None:
+        """Take the probes off (before the window opens: the detach is the costly edge) and
+        start switching them once it does."""
+        self.detach(True)
+        self.detach(False)
         self._thread = threading.Thread(target=self._run, name="profkit-region-duty", daemon=True)
         self._thread.start()
 
     def window_opened(self) -> None:
-        """The first on-time runs on until duty * PERIOD_S into the window: however short a
-        capture, its regions are sampled."""
         self._window.set()
 
     def _run(self) -> None:
-        trapping_since = self._since
         self._window.wait()
+        end_ns = None if self.window_s is None else self.clock() + int(self.window_s * 1e9)
         try:
             while True:
+                left_s = float("inf") if end_ns is None else (end_ns - self.clock()) / 1e9
+                # A tail shorter than half a period joins the last one.
+                last = left_s < 1.5 * self.period_s
+                period_s = left_s if last else self.period_s
+                scatter = 1.0 if last else self._random.uniform(0.5, 1.5)
+                if self._wait((1 - self.duty) * period_s * scatter):
+                    return
+                self.attach(False)
+                # Open before the entries go on: should one of them fail, the regions of those
+                # already on still lie in an on-time.
+                self._since = self.clock()
+                self.attach(True)
+                if last:
+                    self._stop.wait()  # on until the window ends; teardown detaches
+                    return
                 counted, began = self._count(), self.clock()
-                if self._wait(self.duty * PERIOD_S):
+                if self._wait(self.duty * period_s):
                     return
                 self._adapt(counted, began)
-                if self.duty >= 1.0:
-                    continue  # fewer regions than the rate check saw: they stay on
                 # The on-time ends as the first entry probe goes off: from then on regions go
                 # unseen, and their workers' time would be given to the last region seen.
                 self._close()
@@ -81,16 +105,6 @@ class DutyCycle:
                 if self._wait(END_GRACE_S):
                     return
                 self.detach(False)
-                trapped_s = (self.clock() - (trapping_since or 0)) / 1e9
-                off_s = trapped_s * (1 - self.duty) / self.duty
-                if self._wait(off_s * self._random.uniform(0.5, 1.5)):
-                    return
-                trapping_since = self.clock()
-                self.attach(False)
-                # Open before the entries go on: should one of them fail, the regions of those
-                # already on still lie in an on-time.
-                self._since = self.clock()
-                self.attach(True)
         except Exception as exc:  # the target left, or the kernel refused: switching stops,
             # and cleanup detaches what is on
             self.error = f"region probes stopped switching: {exc}"
