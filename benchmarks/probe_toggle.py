@@ -516,13 +516,15 @@ def main() -> int:
         for b in blocks
         if LAYOUTS.get(b.layout, ("", False, False))[:2] == ("regions", True)
     )
-    counted = f"; {regions / probed_s:,.0f} regions/s" if probed_s else ""
+    switched = {"switch", "switch2", "on-edge", "off-edge"} & set(layouts)
+    # The switching layouts' regions fall in their own blocks: then no rate, only a count.
+    counted = f"; {regions / probed_s:,.0f} regions/s" if probed_s and not switched else ""
     for name, made in (("switch", cycles), ("switch2", cycles2)):
         switch_s = sum((b.end_ns - b.start_ns) / 1e9 for b in blocks if b.layout == name)
         if switch_s:
             counted += f"; {name} blocks: {made / switch_s:.1f} attach-detach cycles/s"
-    if not probed_s and regions:
-        counted += f"; {regions} regions probed between attach and detach"
+    if switched:
+        counted += f"; {regions} regions probed in all"
     print(
         f"# {args.target}, {args.threads} threads, {os.cpu_count()} CPUs, {len(blocks)} blocks "
         f"of {args.block:g} s{counted}"

@@ -437,6 +437,7 @@ class EbpfCollector:
             self.region_decision["reason"] = reason
             self.warnings.append(reason)
             self._cycle.start()
+            self.region_decision["regions_per_s_recounted"] = round(self._cycle.recounted_per_s)
             return
         reason = f"OpenMP region probes detached: {cost}; attribution " + (
             "falls back to py-spy's native stacks"

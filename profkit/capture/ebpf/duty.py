@@ -13,13 +13,14 @@ The two edges of an on-time do not cost the same. Attaching is cheap, but detach
 probes of torch's libgomp cost the serving front 40-120 ms of its work each time on 2 cores
 (docs/results/ebpf-cost.md, "Switching"), so an on-time every couple of seconds cost it as
 much as the traps it saved. Hence the schedule: the probes come off once the rate check has
-decided, before the window opens; the window is cut into periods of PERIOD_S (a capture
-shorter than that is one period), and each period is off for the first (1 - duty) of it and on
-for the rest. The last on-time runs to the window's end, and its probes come off at teardown,
-after the window, so a capture of one period detaches nothing inside its window. The off-times
-of the periods before the last scatter by half either way, so that the sampling does not keep
-step with a periodic target. The entries are attached after the ends and detached before
-them, and the ends stay on END_GRACE_S longer: a region that starts in an on-time keeps its end.
+decided, before the window opens; the window is cut into periods of PERIOD_S (a window of
+less than one and a half is one period), and each period is off for the first (1 - duty) of
+it and on for the rest. The last on-time runs to the window's end, and its probes come off at
+teardown, after the window, so a capture of one period detaches nothing inside its window. The
+off-times of the periods before the last scatter by half either way, so that the sampling does
+not keep step with a periodic target. The entries are attached after the ends and detached
+before them, and the ends stay on END_GRACE_S longer: a region that starts in an on-time keeps
+its end.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ PERIOD_S = 30.0
 # Below this the on-times are too short and too few to place the pool: the probes are detached.
 MIN_DUTY = 0.05
 END_GRACE_S = 0.05
+# The rate check's 0.3 s run while the other tools start, and count fewer regions than the
+# window sees (on a flood of small regions 6 600 a second against 9 900): a one-period capture
+# has no later on-time to correct its duty from, so the regions are counted again, once the
+# check has decided, for this long before the probes come off.
+RECOUNT_S = 0.3
 
 
 @dataclass
@@ -56,6 +62,7 @@ class DutyCycle:
     budget: float = 0.0
     period_s: float = PERIOD_S
     on_ns: list[tuple[int, int]] = field(default_factory=list)
+    recounted_per_s: float = 0.0
     error: str = ""
     _since: int | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -64,8 +71,11 @@ class DutyCycle:
     _random: random.Random = field(default_factory=random.Random)
 
     def start(self) -> None:
-        """Take the probes off (before the window opens: the detach is the costly edge) and
-        start switching them once it does."""
+        """Count the regions again, take the probes off (before the window opens: the detach
+        is the costly edge) and start switching them once it does."""
+        counted, began = self._count(), self.clock()
+        self._wait(RECOUNT_S)
+        self.recounted_per_s = self._adapt(counted, began)
         self.detach(True)
         self.detach(False)
         self._thread = threading.Thread(target=self._run, name="profkit-region-duty", daemon=True)
@@ -113,14 +123,15 @@ class DutyCycle:
     def _count(self) -> int:
         return self.entries() if self.entries is not None else 0
 
-    def _adapt(self, counted: int, began: int) -> None:
-        """The duty from the rate of the on-time just ended."""
+    def _adapt(self, counted: int, began: int) -> float:
+        """The duty from the rate of the on-time just ended; that rate (0 if none)."""
         seconds = (self.clock() - began) / 1e9
         if self.entries is None or seconds <= 0 or self.cost_s <= 0:
-            return
-        share = (self._count() - counted) / seconds * self.cost_s
-        if share > 0:
-            self.duty = min(1.0, max(MIN_DUTY, self.budget / share))
+            return 0.0
+        rate = (self._count() - counted) / seconds
+        if rate > 0:
+            self.duty = min(1.0, max(MIN_DUTY, self.budget / (rate * self.cost_s)))
+        return rate
 
     def _wait(self, seconds: float) -> bool:
         """Sleep; True when stopped meanwhile."""
