@@ -10,7 +10,7 @@ go into ebpf.json (regions_decision.on_ns), and the analysis takes the pool's wo
 from them.
 
 The two edges of an on-time do not cost the same. Attaching is cheap, but detaching the
-probes of torch's libgomp cost the serving front 40-120 ms of its work each time on 2 cores
+probes of torch's libgomp cost the serving front about 35-60 ms of its work each time on 2 cores
 (docs/results/ebpf-cost.md, "Switching"), so an on-time every couple of seconds cost it as
 much as the traps it saved. Hence the schedule: the probes come off once the rate check has
 decided, before the window opens; the window is cut into periods of PERIOD_S (a window of
