@@ -96,6 +96,21 @@ def test_a_window_of_one_period_detaches_nothing_inside_it() -> None:
     assert on == [(opened_ns + 3_010_000_000, opened_ns + 5_000_000_000)]
 
 
+def test_probes_that_fit_their_budget_stay_on_without_a_detach() -> None:
+    """A long capture whose on-times see few regions: the duty rises to 1, and the probes stay
+    on from the first on-time to the end, with no detach after the one before the window."""
+    cycle = Simulated(0.5, attach_s=0.01, detach_s=0.7, until_s=400)
+    cycle.entries = lambda: int(10 * cycle.now_ns / 1e9)  # 10 regions a second
+    cycle.cost_s, cycle.budget = 8.5e-6, 0.013
+    cycle.start()
+    cycle.window_opened()
+    on = cycle.stop()
+    assert cycle.duty == 1.0
+    calls = [(kind, entries) for kind, entries, _ in cycle.calls]
+    assert calls == [("detach", True), ("detach", False), ("attach", False), ("attach", True)]
+    assert len(on) == 1
+
+
 @pytest.mark.parametrize("change", ["attach", "detach"])
 def test_a_failing_probe_change_stops_the_switching_and_says_why(change: str) -> None:
     """The target left: the first attach fails (no on-time), or the first detach after an

@@ -87,20 +87,23 @@ class DutyCycle:
     def _run(self) -> None:
         self._window.wait()
         end_ns = None if self.window_s is None else self.clock() + int(self.window_s * 1e9)
+        on = False
         try:
             while True:
                 left_s = float("inf") if end_ns is None else (end_ns - self.clock()) / 1e9
                 # A tail shorter than half a period joins the last one.
                 last = left_s < 1.5 * self.period_s
                 period_s = left_s if last else self.period_s
-                scatter = 1.0 if last else self._random.uniform(0.5, 1.5)
-                if self._wait((1 - self.duty) * period_s * scatter):
-                    return
-                self.attach(False)
-                # Open before the entries go on: should one of them fail, the regions of those
-                # already on still lie in an on-time.
-                self._since = self.clock()
-                self.attach(True)
+                if not on:
+                    scatter = 1.0 if last else self._random.uniform(0.5, 1.5)
+                    if self._wait((1 - self.duty) * period_s * scatter):
+                        return
+                    self.attach(False)
+                    # Open before the entries go on: should one of them fail, the regions of
+                    # those already on still lie in an on-time.
+                    self._since = self.clock()
+                    self.attach(True)
+                    on = True
                 if last:
                     self._stop.wait()  # on until the window ends; teardown detaches
                     return
@@ -108,6 +111,8 @@ class DutyCycle:
                 if self._wait(self.duty * period_s):
                     return
                 self._adapt(counted, began)
+                if self.duty >= 1.0:
+                    continue  # fewer regions than counted before: they stay on, no detach
                 # The on-time ends as the first entry probe goes off: from then on regions go
                 # unseen, and their workers' time would be given to the last region seen.
                 self._close()
@@ -115,6 +120,7 @@ class DutyCycle:
                 if self._wait(END_GRACE_S):
                     return
                 self.detach(False)
+                on = False
         except Exception as exc:  # the target left, or the kernel refused: switching stops,
             # and cleanup detaches what is on
             self.error = f"region probes stopped switching: {exc}"
