@@ -55,12 +55,15 @@ SCHED_TRACE_SHARE = 0.2
 FIXED_SHARE = 0.15
 
 
-def region_probe_share(pyspy: bool) -> float:
-    """The OpenMP region probes' part of the budget. Without py-spy in the capture (the default
-    where the eBPF walker runs) its parts are free, and the probes may have them: they are then
-    what places the pool's work under its Python call site, and nothing else would
-    (docs/results/overhead.md, "Serving at 64 threads": a serving front's rate)."""
-    return REGION_PROBE_SHARE + (0.0 if pyspy else PYSPY_STOP_SHARE + PYSPY_CPU_SHARE)
+def region_probe_share(pyspy: bool, sched: bool = True) -> float:
+    """The OpenMP region probes' part of the budget: their own, and the scheduler tracepoints'
+    where the scheduler is not traced (the probes are then what places the pool's work under
+    its Python call site). py-spy's parts are not given to them when py-spy is out of the
+    capture (the default where the eBPF walker runs): that set then aims at half of --budget,
+    1% at the default 2%, the bound the eBPF profilers state for a default capture. Given
+    py-spy's parts too, the probes stayed on a serving front at 64 threads and cost it 1-2%
+    (docs/results/overhead.md, "Serving at 64 threads")."""
+    return REGION_PROBE_SHARE + (0.0 if pyspy or sched else SCHED_TRACE_SHARE)
 
 
 def pyspy_stop_share(probes: bool) -> float:

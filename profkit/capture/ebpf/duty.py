@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 # One detach a period costs the serving front about 0.2% at this length (60 ms in 30 s).
 PERIOD_S = 30.0
 # Below this the on-times are too short and too few to place the pool: the probes are detached.
-MIN_DUTY = 0.05
+# At 0.02 a 5-s window is probed for its last 0.1 s, still a thousand regions of a flood of
+# small ones at 10 000 a second, which at 17 us a region needs a duty of 0.02-0.04.
+MIN_DUTY = 0.02
 END_GRACE_S = 0.05
 # The rate check's 0.3 s run while the other tools start, and count fewer regions than the
 # window sees (on a flood of small regions 6 600 a second against 9 900): a one-period capture
