@@ -96,6 +96,27 @@ def test_a_window_of_one_period_detaches_nothing_inside_it() -> None:
     assert on == [(opened_ns + 3_010_000_000, opened_ns + 5_000_000_000)]
 
 
+def test_a_rate_the_caller_just_counted_is_not_counted_again() -> None:
+    """The rate check counts a second time when its first count lies near the probes' part; the
+    switching then takes that rate and duty, and detaches at once instead of counting for
+    RECOUNT_S more."""
+    cycle = Simulated(0.6, attach_s=0.01, detach_s=0.7, until_s=100, window_s=5.0)
+    cycle.entries = lambda: int(1000 * cycle.now_ns / 1e9)  # would give another duty
+    cycle.cost_s, cycle.budget = 17e-6, 0.007
+    cycle.start(recounted_per_s=690.0)
+    assert cycle.recounted_per_s == 690.0 and cycle.duty == 0.6
+    assert [(kind, t) for kind, _, t in cycle.calls] == [("detach", 0), ("detach", 700_000_000)]
+    cycle.stop()
+    recounting = Simulated(0.6, attach_s=0.01, detach_s=0.7, until_s=100, window_s=5.0)
+    recounting.entries = lambda: int(1000 * recounting.now_ns / 1e9)
+    recounting.cost_s, recounting.budget = 17e-6, 0.007
+    recounting.start()
+    assert recounting.recounted_per_s == pytest.approx(1000)
+    assert recounting.duty == pytest.approx(0.007 / (1000 * 17e-6))
+    assert recounting.calls[0][2] == 300_000_000
+    recounting.stop()
+
+
 def test_probes_that_fit_their_budget_stay_on_without_a_detach() -> None:
     """A long capture whose on-times see few regions: the duty rises to 1, and the probes stay
     on from the first on-time to the end, with no detach after the one before the window."""

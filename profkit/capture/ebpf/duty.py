@@ -72,12 +72,15 @@ class DutyCycle:
     _thread: threading.Thread | None = None
     _random: random.Random = field(default_factory=random.Random)
 
-    def start(self) -> None:
-        """Count the regions again, take the probes off (before the window opens: the detach
-        is the costly edge) and start switching them once it does."""
-        counted, began = self._count(), self.clock()
-        self._wait(RECOUNT_S)
-        self.recounted_per_s = self._adapt(counted, began)
+    def start(self, recounted_per_s: float | None = None) -> None:
+        """Count the regions again (unless the caller just has, and set the duty from that
+        rate), take the probes off (before the window opens: the detach is the costly edge)
+        and start switching them once it does."""
+        if recounted_per_s is None:
+            counted, began = self._count(), self.clock()
+            self._wait(RECOUNT_S)
+            recounted_per_s = self._adapt(counted, began)
+        self.recounted_per_s = recounted_per_s
         self.detach(True)
         self.detach(False)
         self._thread = threading.Thread(target=self._run, name="profkit-region-duty", daemon=True)
