@@ -73,9 +73,9 @@ class DutyCycle:
     _random: random.Random = field(default_factory=random.Random)
 
     def start(self, recounted_per_s: float | None = None) -> None:
-        """Count the regions again (unless the caller just has, and set the duty from that
-        rate), take the probes off (before the window opens: the detach is the costly edge)
-        and start switching them once it does."""
+        """Count the regions again and set the duty from that rate (unless the caller has just
+        counted them and set it), take the probes off (before the window opens: the detach is
+        the costly edge) and start switching them once it does."""
         if recounted_per_s is None:
             counted, began = self._count(), self.clock()
             self._wait(RECOUNT_S)
