@@ -53,17 +53,13 @@ PYSPY_CPU_SHARE = 0.15
 REGION_PROBE_SHARE = 0.15
 SCHED_TRACE_SHARE = 0.2
 FIXED_SHARE = 0.15
-
-
-def region_probe_share(pyspy: bool, sched: bool = True) -> float:
-    """The OpenMP region probes' part of the budget: their own, and the scheduler tracepoints'
-    where the scheduler is not traced (the probes are then what places the pool's work under
-    its Python call site). py-spy's parts are not given to them when py-spy is out of the
-    capture (the default where the eBPF walker runs): that set then aims at half of --budget,
-    1% at the default 2%, the bound the eBPF profilers state for a default capture. Given
-    py-spy's parts too, the probes stayed on a serving front at 64 threads and cost it 1-2%
-    (docs/results/overhead.md, "Serving at 64 threads")."""
-    return REGION_PROBE_SHARE + (0.0 if pyspy or sched else SCHED_TRACE_SHARE)
+# Without py-spy in the capture (the default where the eBPF walker runs) its parts are not spent,
+# and neither is the scheduler's where the scheduler is not traced: the probes keep their own
+# part. The walker's default set then aims at 0.3-0.5 of --budget (0.6-1% at the default 2%),
+# below the 1% that the eBPF profilers state for a default capture, with room for what the rate
+# check's cost per region misses. Given the scheduler's part as well, the probes were on three
+# quarters of a serving front's window at 64 threads and the set cost it 1.3% over 96 windows
+# (docs/results/overhead.md, "Serving at 64 threads: the probes budgeted to 1% again").
 
 
 def pyspy_stop_share(probes: bool) -> float:

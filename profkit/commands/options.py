@@ -173,7 +173,7 @@ def capture_options(function: F) -> F:
             help="Most % of the target's throughput profkit may cost it: sets py-spy's rate "
             "and mode, whether the scheduler is traced and whether the OpenMP region probes "
             "stay on, are switched on and off or come off, each held to its part (without "
-            "py-spy, the default with the eBPF walker, the capture aims at half of it); if the "
+            "py-spy, the default with the eBPF walker, the capture aims at 0.3-0.5 of it); if the "
             f"target is seen stopped more than {times(STOP_LIMIT)} this share of its time (95% "
             f"confidence) or for {HANG_S:g} s at once, py-spy goes --nonblocking.",
         ),

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from profkit.bundle.read import load_bundle
-from profkit.capture.budget import DROP, SCHED_TRACE_SHARE, region_probe_share
+from profkit.capture.budget import DROP, REGION_PROBE_SHARE, SCHED_TRACE_SHARE
 from profkit.capture.ebpf.duty import MIN_DUTY
 from profkit.capture.startup import LONG_STOP_S
 from profkit.host import procfs
@@ -382,7 +382,8 @@ def test_a_flood_of_small_regions_switches_the_region_probes(start_recipe, tmp_p
     far over the probes' part of a 2% budget. With the walker on they are then switched on and
     off to fit it, and the pool still gets its call site from the regions of the on-times; at a
     budget twenty times too small they come off and the report says so; a budget whose probes'
-    part (the scheduler's too, with the scheduler off) covers the rate keeps them on."""
+    part covers the rate keeps them on (at --budget 100 their part is 15% of the dispatching
+    thread, 8 800 regions a second at 17 us; the flood runs 3 800-6 400 on 2 cores)."""
     recipe = start_recipe("shm_fanout.py", "--threads", "2", "--tensor-mb", "0.0625")
     time.sleep(1.0)
     switched, tight, loose = tmp_path / "switched", tmp_path / "tight", tmp_path / "loose"
@@ -390,8 +391,7 @@ def test_a_flood_of_small_regions_switches_the_region_probes(start_recipe, tmp_p
     assert result.returncode == 0, result.stderr
     ebpf = json.loads((switched / "ebpf.json").read_text())
     decision = ebpf["regions_decision"]
-    sched = bool(ebpf["sched"]["traced"])
-    if decision["expected_share"] <= region_probe_share(pyspy=False, sched=sched) * 0.02:
+    if decision["expected_share"] <= REGION_PROBE_SHARE * 0.02:
         pytest.skip(f"{decision['regions_per_s']} regions/s is too few on this machine")
     assert decision["regions_per_s"] > 1000
     # The duty recorded is the last one, from the rate the on-times saw.

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from profkit.capture.budget import REGION_PROBE_SHARE
+from profkit.capture.ebpf.collector import IN_PLACE, WALKER_HIT_S
+from profkit.capture.ebpf.probe_points import EMULATED_HIT_S
+
 from ..support import RECIPES, run_profkit
 from .conftest import attach
 
@@ -97,16 +101,25 @@ def test_three_sites_with_the_probes_switched(start_recipe, tmp_path: Path) -> N
     worker time is what ran between it and the next, and the pool's CPU must still split
     1:2:3. Worker time before the on-time's first region belongs to a region nobody saw (it
     went to the last region seen, one site's); several on-times are the unit tests'."""
-    recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
+    # Paced, the recipe starts at most 6 regions a round, 240 a second; a budget whose probes'
+    # part covers a fifth of that at the cost per region the rate check counts (torch's libgomp:
+    # two emulated traps and the walker) switches them on 20% of the time at that ceiling, and
+    # on 35-75% at the 64-136 regions a second that the paced recipe runs on 2 cores: an
+    # on-time of 3-6 s, 60 or more rounds.
+    recipe = start_recipe(
+        "sites.py", "--pool", "torch", "--threads", "4", "--rounds-per-s", "40", warmup=1.0
+    )
     out = tmp_path / "b"
-    # At 17 us a region and 140-320 regions a second, the probes' 0.15% part of a 1% budget
-    # gives a duty of 0.3-0.6: an on-time of 2-5 s, 50 or more rounds of the recipe.
-    captured = attach(recipe.pid, out, "--budget", "1", "--ebpf-sched", "on", duration=8.0)
+    per_region_s = IN_PLACE * (2 * EMULATED_HIT_S + WALKER_HIT_S)
+    budget = 100 * 0.2 * 6 * 40 * per_region_s / REGION_PROBE_SHARE
+    captured = attach(
+        recipe.pid, out, "--budget", f"{budget:.3f}", "--ebpf-sched", "on", duration=8.0
+    )
     assert captured.returncode == 0, captured.stderr
     ebpf = json.loads((out / "ebpf.json").read_text())
     decision = ebpf["regions_decision"]
     if "duty" not in decision:
-        pytest.skip(f"{decision.get('regions_per_s')} regions/s fit a 1% budget here")
+        pytest.skip(f"{decision.get('regions_per_s')} regions/s fit a {budget:.2f}% budget here")
     on = decision["on_ns"]
     assert len(on) == 1 and ebpf["slices"]["tid"], decision
     window = json.loads((out / "manifest.json").read_text())["window"]

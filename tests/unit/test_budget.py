@@ -20,7 +20,6 @@ from profkit.capture.budget import (
     default_rate,
     native_sample_cost_s,
     pyspy_stop_share,
-    region_probe_share,
     wilson_lower,
 )
 
@@ -60,18 +59,15 @@ def test_the_parts_of_the_budget_add_up_to_it() -> None:
     assert pyspy_stop_share(probes=True) == PYSPY_STOP_SHARE
     assert pyspy_stop_share(probes=False) + PYSPY_CPU_SHARE + FIXED_SHARE == pytest.approx(1.0)
     assert default_rate(9, 0.02, cpus=2, stop_share=pyspy_stop_share(probes=False)) == 4
-    # Without py-spy its parts are not spent: the walker's default set aims at half the budget,
-    # the probes taking the scheduler's part only where the scheduler is not traced.
-    assert region_probe_share(pyspy=True) == region_probe_share(pyspy=True, sched=False)
-    assert region_probe_share(pyspy=True) == REGION_PROBE_SHARE
-    for sched in (True, False):
-        spent = region_probe_share(pyspy=False, sched=sched) + FIXED_SHARE
-        spent += SCHED_TRACE_SHARE if sched else 0.0
-        assert spent == pytest.approx(0.5)
+    # Without py-spy its parts are not spent, nor the scheduler's where it is not traced: the
+    # walker's default set aims at 0.3 (scheduler off) to 0.5 (traced) of the budget, under
+    # the 1% bound at the default 2%.
+    untraced = REGION_PROBE_SHARE + FIXED_SHARE
+    assert [untraced, untraced + SCHED_TRACE_SHARE] == pytest.approx([0.3, 0.5])
     # A serving front at 64 threads (scheduler not traced, 550-900 regions a second at 5 times
-    # the loop's 3.4 us) gets its probes on about half to three quarters of the time.
-    part = region_probe_share(pyspy=False, sched=False) * 0.02
-    assert [round(part / (rate * 5 * 3.4e-6), 2) for rate in (550, 900)] == [0.75, 0.46]
+    # the loop's 3.4 us) gets its probes on about a third to a fifth of the time.
+    part = REGION_PROBE_SHARE * 0.02
+    assert [round(part / (rate * 5 * 3.4e-6), 2) for rate in (550, 900)] == [0.32, 0.2]
 
 
 def test_default_rate_fits_pyspy_cpu_into_its_share_of_the_machine() -> None:

@@ -24,7 +24,7 @@ from ...bundle.parts import EBPF, NATIVE, CollectorResult
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Runtime, Target
-from ..budget import SCHED_TRACE_SHARE, region_probe_share, sched_trace_share
+from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
 from ..clock import Clock
 from ..collectors.base import Availability, CaptureContext
 from .duty import MIN_DUTY, RECOUNT_S, DutyCycle
@@ -412,8 +412,7 @@ class EbpfCollector:
 
         rate, share = counted(start, before, seconds)
         pyspy = "pyspy" in context.collectors
-        sched = bool(self.sched_decision.get("traced"))
-        budget = region_probe_share(pyspy, sched) * context.options.budget.overhead_share
+        budget = REGION_PROBE_SHARE * context.options.budget.overhead_share
         walker = self.walker is not None and self.walker.layout is not None
         recounted = None
         if walker and not pyspy and RECOUNT_ABOVE * budget < share <= budget:
