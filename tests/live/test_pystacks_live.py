@@ -103,9 +103,9 @@ def test_three_sites_with_the_probes_switched(start_recipe, tmp_path: Path) -> N
     went to the last region seen, one site's); several on-times are the unit tests'."""
     # Paced, the recipe starts at most 6 regions a round, 240 a second; a budget whose probes'
     # part covers a fifth of that at the cost per region the rate check counts (torch's libgomp:
-    # two emulated traps and the walker) switches them on 20% of the time at that ceiling, and
-    # on 35-75% at the 64-136 regions a second that the paced recipe runs on 2 cores: an
-    # on-time of 3-6 s, 60 or more rounds.
+    # two emulated traps and the walker) switches them on 20% of the time at that ceiling, more
+    # below it (on 2 cores the paced recipe ran 93 regions a second, recounted 107: a duty of
+    # 0.45, an on-time of 3.6 s, about 60 rounds).
     recipe = start_recipe(
         "sites.py", "--pool", "torch", "--threads", "4", "--rounds-per-s", "40", warmup=1.0
     )
