@@ -57,9 +57,8 @@ FIXED_SHARE = 0.15
 # and neither is the scheduler's where the scheduler is not traced: the probes keep their own
 # part. The walker's default set then aims at 0.3-0.5 of --budget (0.6-1% at the default 2%),
 # below the 1% that the eBPF profilers state for a default capture, with room for what the rate
-# check's cost per region misses. Given the scheduler's part as well, the probes were on three
-# quarters of a serving front's window at 64 threads and the set cost it 1.3% over 96 windows
-# (docs/results/overhead.md, "Serving at 64 threads: the probes budgeted to 1% again").
+# check's cost per region misses. Why the scheduler's part is not given to them: the results of
+# giving it are in docs/results/overhead.md, "Serving at 64 threads: the probes on their own part".
 
 
 def pyspy_stop_share(probes: bool) -> float:
