@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 from ..capture.ebpf.collector import EbpfCollector
 from ..capture.ebpf.loader import BccUnavailable, load_bcc
-from ..capture.ebpf.pywalk import SHIM_FRAME, SourceLines, resolve_frame
+from ..capture.ebpf.pywalk import SHIM_FRAME, resolve_frame
 from ..host.pyruntime import CodeResolver, PyRuntimeUnsupported
 from ..host.pyruntime import thread_states as read_thread_states
 from ..host.target import Target
+from ..host.targetfs import SourceLines
 
 
 @dataclass(frozen=True)

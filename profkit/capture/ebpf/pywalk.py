@@ -14,15 +14,14 @@ why, and the call site comes from py-spy as before. Wrong stacks are worse than 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ...host.pyruntime import CodeResolver, Layout, PyRuntimeUnsupported, detect, self_check
 from ...host.pyruntime import thread_states as read_thread_states
+from ...host.targetfs import SourceLines
 from .loader import BpfProgram
 
 FRAME_KINDS = {"frameobject": 1, "cframe": 2, "direct": 3}
@@ -210,29 +209,3 @@ def resolve_frame(
         "line": line,
         "code": sources.line(info.filename, line),
     }
-
-
-class SourceLines:
-    """Source lines of the target's files, read through its root and working directory."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self._files: dict[str, list[str] | None] = {}
-
-    def line(self, filename: str, line: int) -> str | None:
-        if filename not in self._files:
-            self._files[filename] = self._read(filename)
-        lines = self._files[filename]
-        if not lines or not 0 < line <= len(lines):
-            return None
-        return lines[line - 1].strip() or None
-
-    def _read(self, filename: str) -> list[str] | None:
-        if filename.startswith("<"):
-            return None
-        base = f"/proc/{self.pid}/root" if os.path.isabs(filename) else f"/proc/{self.pid}/cwd"
-        path = Path(base + "/" + filename.lstrip("/"))
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            if path.stat().st_size <= 4 * 1024 * 1024:
-                return path.read_text().splitlines()
-        return None

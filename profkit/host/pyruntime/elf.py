@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -105,15 +106,25 @@ _ELF_CACHE: OrderedDict[tuple[int, int, int, int], ElfSymbols] = OrderedDict()
 _ELF_CACHE_SIZE = 16
 
 
+# Larger than any interpreter or runtime build with its symbols; a file past it is not read.
+MAX_ELF_BYTES = 512 * 1024 * 1024
+
+
 def load_elf(path: str) -> ElfSymbols:
     # Keyed by the file, not the path: each process reaches the same interpreter through its
     # own /proc/PID/map_files path, and a long-running watcher sees many processes.
-    st = os.stat(path)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    elf = _ELF_CACHE.get(key)
-    if elf is None:
-        with open(path, "rb") as f:
-            elf = parse_elf(f.read())
+    # The target chose what it mapped: a device or FIFO under a runtime's name is refused
+    # before it is read (O_NONBLOCK so that the open itself cannot block).
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ELF_BYTES:
+            raise PyRuntimeUnsupported(f"{path}: not a regular file of at most {MAX_ELF_BYTES}")
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        elf = _ELF_CACHE.get(key)
+        if elf is None:
+            elf = parse_elf(f.read(MAX_ELF_BYTES))
+    if key not in _ELF_CACHE:
         _ELF_CACHE[key] = elf
         while len(_ELF_CACHE) > _ELF_CACHE_SIZE:
             _ELF_CACHE.popitem(last=False)
