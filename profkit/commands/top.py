@@ -5,19 +5,13 @@ from __future__ import annotations
 import click
 
 from ..errors import EXIT_OK
-from ..watch.options import WatchOptions, check_interval, parse_selectors
-from .watch import target_options
+from ..watch.options import WatchOptions, parse_selectors
+from .watch import interval_option, target_options
 
 
 @click.command()
 @target_options
-@click.option(
-    "--interval",
-    type=float,
-    default=2.0,
-    show_default=True,
-    help="Seconds per refresh (one window).",
-)
+@interval_option(2.0, "Seconds per refresh (one window).")
 def top(
     pids: tuple[int, ...],
     matches: tuple[str, ...],
@@ -31,7 +25,7 @@ def top(
 
     options = WatchOptions(
         selectors=parse_selectors(pids, matches, cgroups),
-        interval_s=check_interval(interval),
+        interval_s=interval,
         name=name,
         listen=None,
         probes=not no_probes,

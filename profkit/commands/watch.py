@@ -10,6 +10,8 @@ import click
 from ..errors import EXIT_OK
 from ..watch.options import (
     DEFAULT_LISTEN,
+    MAX_INTERVAL_S,
+    MIN_INTERVAL_S,
     WatchOptions,
     check_interval,
     parse_listen,
@@ -57,14 +59,27 @@ def target_options(function: F) -> F:
     return function
 
 
+def _interval(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    return check_interval(value)
+
+
+def interval_option(default: float, help_text: str) -> Callable[[F], F]:
+    """--interval, refused while the options are parsed (exit 2) unless finite and in range:
+    before a port is bound or a target looked at."""
+    return click.option(
+        "--interval",
+        type=float,
+        default=default,
+        show_default=True,
+        callback=_interval,
+        help=f"{help_text} From {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} s.",
+    )
+
+
 @click.command()
 @target_options
-@click.option(
-    "--interval",
-    type=float,
-    default=15.0,
-    show_default=True,
-    help="Seconds per window: metrics, findings and the profile are updated this often.",
+@interval_option(
+    15.0, "Seconds per window: metrics, findings and the profile are updated this often."
 )
 @click.option(
     "--listen",
@@ -107,7 +122,7 @@ def watch(
 
     options = WatchOptions(
         selectors=parse_selectors(pids, matches, cgroups),
-        interval_s=check_interval(interval),
+        interval_s=interval,
         name=name,
         listen=parse_listen(listen),
         profiles_dir=profiles_dir,

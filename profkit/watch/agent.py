@@ -23,12 +23,13 @@ from ..host.cgroup import CgroupCpu, CpuStat, cpu_cgroup, read_cpu_stat
 from ..host.target import inspect
 from .discover import Candidate, Identity, candidates
 from .labels import labels_of
+from .loading import ProbeLoader
 from .metrics import AgentCounters, Snapshot, WatchCollector
 from .options import WatchOptions
 from .probe import NoProbe, RegionProbe
 from .process import ProcessWindow, WatchedProcess
 from .profiles import ProfileDirectory, Pusher, PushItem, pprof_bytes
-from .series import TargetSeries
+from .series import TargetSeries, expire
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -54,6 +55,7 @@ class Agent:
             else None
         )
         self.pusher: Pusher | None = None
+        self._loader: ProbeLoader | None = None
         self._server: WSGIServer | None = None
         self._said_waiting = False
         self._said: set[str] = set()
@@ -113,6 +115,10 @@ class Agent:
         for watched, _ in self.processes.values():
             watched.close()
         self.processes.clear()
+        if self._loader is not None:
+            self._loader.close()
+        if self.profiles is not None:
+            self.profiles.close()
         if self.pusher is not None:
             self.pusher.close()
         if self._server is not None:
@@ -149,6 +155,10 @@ class Agent:
         grouped: dict[tuple[str, ...], list[tuple[WatchedProcess, ProcessWindow]]] = {}
         for identity, (watched, labels) in list(self.processes.items()):
             try:
+                if watched.exec_seen():
+                    # Another program now: found again as a new target, labels and walker anew.
+                    self._drop(identity)
+                    continue
                 window = watched.close_window()
             except (FileNotFoundError, ProcessLookupError, OSError):
                 self._drop(identity)
@@ -159,6 +169,7 @@ class Agent:
     def _drop(self, identity: Identity) -> None:
         watched, _ = self.processes.pop(identity)
         watched.close()
+        self._said.discard(f"watch-{identity}")  # said once per process, kept while it lives
 
     def _discover(self) -> None:
         for identity, (watched, labels) in list(self.processes.items()):
@@ -167,7 +178,7 @@ class Agent:
             if watched.awaiting_runtime:
                 try:
                     if watched.look_for_runtime():
-                        self._announce(watched, labels)
+                        self._load_probe(watched, labels)
                 except OSError:
                     self._drop(identity)
         found = {c.identity: c for c in candidates(self.options.selectors)}
@@ -176,7 +187,7 @@ class Agent:
         self.rejected &= set(found)
         for identity, candidate in found.items():
             if self.stop.is_set():
-                break  # compiling a probe takes a while; a stop request does not wait for all
+                break
             if identity in self.processes or identity in self.rejected:
                 continue
             self._add(candidate)
@@ -203,12 +214,13 @@ class Agent:
         probe = RegionProbe(target) if self.options.probes else NoProbe(target)
         watched = WatchedProcess(target, probe)
         try:
-            watched.begin()
+            watched.begin(load_probe=False)
         except (FileNotFoundError, ProcessLookupError, OSError):
             watched.close()
             return
-        self._announce(watched, labels)
         self.processes[candidate.identity] = (watched, labels)
+        if watched.needs_probe:
+            self._load_probe(watched, labels)
         series = self.series.setdefault(labels, TargetSeries(labels))
         with contextlib.suppress(CgroupError, OSError):
             cg = cpu_cgroup(target.pid)
@@ -220,10 +232,16 @@ class Agent:
         elif watched.awaiting_runtime:
             state = ", region probe once it loads an OpenMP runtime"
         else:
-            state = f", region probe {probe.status}"
+            state = ", region probe loading"
         self._say_once(
             f"watch-{candidate.identity}", f"watching {labels[0]} (pid {target.pid}{state})"
         )
+
+    def _load_probe(self, watched: WatchedProcess, labels: tuple[str, ...]) -> None:
+        """Queue the probe's load on the loader thread; announced once it is done."""
+        if self._loader is None:
+            self._loader = ProbeLoader(self.stop)
+        self._loader.submit(watched, lambda: self._announce(watched, labels))
 
     def _announce(self, watched: WatchedProcess, labels: tuple[str, ...]) -> None:
         probe, pid = watched.probe, watched.pid
@@ -259,6 +277,7 @@ class Agent:
             series.add([w for _, w in items], cgroups[labels], cpus, now_unix)
             updated.append(series)
         live = {labels for _, labels in self.processes.values()}
+        expire(self.series, live, now_unix, self.options.interval_s)
         for labels, series in self.series.items():
             series.live = labels in live
         self.windows += 1

@@ -1,6 +1,7 @@
 """Which processes are targets now: pid, command line (as `ps --match`) or cgroup selectors.
 
-A process is known by its pid and start time, so a reused pid is a new target.
+A process is known by its pid, start time and where its last exec put its arguments, so that a
+reused pid, and a process that exec'd another program, are new targets.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ..host import procfs
 from ..host.cgroup import parse_proc_cgroup
 from .options import Selectors
 
-Identity = tuple[int, int]  # pid, start ticks
+Identity = tuple[int, int, int]  # pid, start ticks, arg_start (procfs.ProcessImage)
 
 
 @dataclass(frozen=True)
@@ -23,10 +24,11 @@ class Candidate:
     start_ticks: int
     cmdline: tuple[str, ...]
     comm: str
+    arg_start: int = 0
 
     @property
     def identity(self) -> Identity:
-        return (self.pid, self.start_ticks)
+        return (self.pid, self.start_ticks, self.arg_start)
 
 
 def _cgroup_paths(pid: int) -> set[str]:
@@ -69,5 +71,5 @@ def candidates(selectors: Selectors, own: int | None = None) -> list[Candidate]:
             continue
         if stat.state == "Z":
             continue
-        found.append(Candidate(pid, stat.start_ticks, cmdline, stat.comm))
+        found.append(Candidate(pid, stat.start_ticks, cmdline, stat.comm, stat.arg_start))
     return found

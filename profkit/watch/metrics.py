@@ -170,7 +170,8 @@ class WatchCollector(Collector):
         )
         yield CounterMetricFamily(
             "profkit_profile_push_failures_total",
-            "Profiles --push could not deliver (unreachable, refused, an HTTP error).",
+            "Profiles --push could not deliver (unreachable, refused, an HTTP error, an answer "
+            "that is not HTTP, or none within 5 s).",
             value=agent.push_failures,
         )
         yield CounterMetricFamily(

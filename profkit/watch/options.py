@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -10,6 +11,8 @@ from urllib.parse import urlparse
 from ..errors import UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
+MIN_INTERVAL_S = 0.5
+MAX_INTERVAL_S = 3600.0  # an hour: longer windows are no longer "watching"
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,12 @@ def parse_push(url: str) -> str:
     return url.rstrip("/")
 
 
-def check_interval(seconds: float, minimum: float = 0.5) -> float:
-    if not seconds >= minimum:
-        raise UsageError(f"--interval must be at least {minimum:g} s, got {seconds:g}")
+def check_interval(seconds: float, minimum: float = MIN_INTERVAL_S) -> float:
+    """A finite number of seconds in [minimum, MAX_INTERVAL_S], checked while the options are
+    parsed: inf or 1e12 would otherwise be taken, and fail only once the port is bound."""
+    if not (math.isfinite(seconds) and minimum <= seconds <= MAX_INTERVAL_S):
+        raise UsageError(
+            f"--interval must be at least {minimum:g} s and at most {MAX_INTERVAL_S:g} s, "
+            f"got {seconds:g}"
+        )
     return seconds

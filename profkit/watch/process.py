@@ -12,6 +12,7 @@ name, as OpenMP workers do (the inference `report` makes without perf or eBPF da
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -105,6 +106,13 @@ class WatchedProcess:
     _runtime_code: list[tuple[int, int]] = field(default_factory=list)
     _last_s: float = 0.0
     _python_tids: set[int] = field(default_factory=set)
+    # The probe loads on the agent's loader thread (a compile takes seconds): windows close
+    # from /proc alone until it is ready, and a process closed meanwhile has its probe
+    # detached by the loader as soon as the load ends.
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _probe_ready: bool = False
+    _loading: bool = False
+    _closed: bool = False
 
     @property
     def pid(self) -> int:
@@ -120,16 +128,47 @@ class WatchedProcess:
         """Found before it loaded an OpenMP runtime (torch not imported yet)."""
         return self.target.openmp_runtime is None and not isinstance(self.probe, NoProbe)
 
-    def begin(self) -> None:
-        """Load the probe and take the baseline; the first window closes at the next read."""
-        self._start_probe()
+    @property
+    def needs_probe(self) -> bool:
+        """A probe to load: a runtime is mapped and the probe was neither loaded nor tried."""
+        return (
+            not isinstance(self.probe, NoProbe)
+            and self.target.openmp_runtime is not None
+            and not self._probe_ready
+            and not self._loading
+            and self.probe.status == "off"
+            and not self.probe.reason
+        )
+
+    def begin(self, load_probe: bool = True) -> None:
+        """Take the baseline (and load the probe here unless the caller loads it apart with
+        load_probe()); the first window closes at the next read."""
+        if load_probe:
+            self.load_probe()
         self._cpu = self._read_threads()
         self._classify(list(self._cpu))
         self._process_cpu = procfs.read_stat(self.pid).cpu_seconds
         self._last_s = time.monotonic()
 
-    def _start_probe(self) -> None:
-        self.probe.start()
+    def load_probe(self) -> None:
+        """Load the probe, then take its baseline. Safe on another thread than the windows'."""
+        with self._lock:
+            if self._closed or self._loading:
+                return
+            self._loading = True
+        probe = self.probe
+        try:
+            probe.start()
+        finally:
+            with self._lock:
+                self._loading = False
+                if self._closed or probe is not self.probe:
+                    probe.close()
+                else:
+                    self._baseline_probe()
+                    self._probe_ready = True
+
+    def _baseline_probe(self) -> None:
         rt = self.target.openmp_runtime
         if rt is not None:
             with contextlib.suppress(OSError):
@@ -141,19 +180,29 @@ class WatchedProcess:
         self._walks = self.probe.walk_counts()
 
     def look_for_runtime(self) -> bool:
-        """Read the process's maps again; once it has loaded an OpenMP runtime, load the probe.
-        True when that happened now."""
+        """Read the process's maps again; True once it has loaded an OpenMP runtime, with a
+        fresh probe for it that needs_probe says to load."""
         try:
             target = inspect(self.pid)
         except ProfkitError:
             return False
         if target.start_ticks != self.target.start_ticks or target.openmp_runtime is None:
             return False
-        self.target = target
-        self.probe.close()
-        self.probe = RegionProbe(target)
-        self._start_probe()
+        with self._lock:
+            if self._loading:
+                return False
+            self.target = target
+            self.probe.close()
+            self.probe = RegionProbe(target)
+            self._probe_ready = False
         return True
+
+    def exec_seen(self) -> bool:
+        """True when the process exec'd since it was inspected (same pid and start time, another
+        program run: its walker and labels are stale)."""
+        if self.target.image is None:
+            return False
+        return not procfs.read_image(self.pid).same_program_run(self.target.image)
 
     def _read_threads(self) -> dict[int, float]:
         cpu: dict[int, float] = {}
@@ -167,7 +216,7 @@ class WatchedProcess:
         return cpu
 
     def _classify(self, tids: list[int]) -> None:
-        python = self.probe.python_tids()
+        python = self.probe.python_tids() if self._probe_ready else None
         self._python_tids = python if python else {self.pid}
         if not self._runtime_code:
             return
@@ -202,12 +251,17 @@ class WatchedProcess:
 
     def close_window(self) -> ProcessWindow:
         """Read everything again; raises FileNotFoundError once the process has exited."""
+        with self._lock:
+            return self._close_window()
+
+    def _close_window(self) -> ProcessWindow:
         now = time.monotonic()
         process_cpu = procfs.read_stat(self.pid).cpu_seconds
         cpu = self._read_threads()
         self._classify(list(cpu))
-        regions = self.probe.regions()
-        stacks = self.probe.stacks()
+        ready = self._probe_ready
+        regions = self.probe.regions() if ready else 0
+        stacks = self.probe.stacks() if ready else {}
         # A thread first seen now started within the window: all its CPU is the window's.
         deltas = {tid: max(0.0, c - self._cpu.get(tid, 0.0)) for tid, c in cpu.items()}
         members = self._pool_members(deltas)
@@ -239,7 +293,7 @@ class WatchedProcess:
         else:
             site_cpu = {}
         with_stack = _regions_with_frames(stacks)
-        walks = self.probe.walk_counts()
+        walks = self.probe.walk_counts() if ready else {}
         failures = {
             name: max(0, n - self._walks.get(name, 0))
             for name, n in walks.items()
@@ -272,6 +326,10 @@ class WatchedProcess:
         return window
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._loading:
+                return  # load_probe detaches it when the load ends
         self.probe.close()
 
 

@@ -27,6 +27,12 @@ TOP_SITES = 10
 OTHER_SITE = "other"
 FINDING_IDS = ("quota-oversubscription", "cpu-fanout")
 DEFAULT_SEVERITY = {"quota-oversubscription": "medium", "cpu-fanout": "medium"}
+# A target with no live process for EXPIRE_WINDOWS intervals, and at least EXPIRE_MIN_S, leaves
+# the metrics: without it every short-lived script kept its series for the agent's lifetime. A
+# restart within that time continues the series; a later one starts it again from 0 (a counter
+# reset, which rate() and increase() take in their stride).
+EXPIRE_WINDOWS = 4
+EXPIRE_MIN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class TargetSeries:
     last: WindowSummary | None = None
     profile: dict[tuple[str, ...], float] = field(default_factory=dict)
     profile_seconds: float = 0.0
+    gone_since: float | None = None  # when it was first seen with no live process
     _baselines: dict[Path, CpuStat] = field(default_factory=dict)
     _site_totals: dict[SiteKey, float] = field(default_factory=dict)
 
@@ -217,6 +224,30 @@ class TargetSeries:
             processes=len(windows),
             notes=(),
         )
+
+
+def expiry_s(interval_s: float) -> float:
+    return max(EXPIRE_WINDOWS * interval_s, EXPIRE_MIN_S)
+
+
+def expire(
+    series: dict[tuple[str, ...], TargetSeries],
+    live: set[tuple[str, ...]],
+    now_unix: float,
+    interval_s: float,
+) -> list[tuple[str, ...]]:
+    """Drop the series of targets gone for expiry_s(interval_s); the labels dropped. Called once
+    a window, so that the metrics and the agent's memory hold only targets seen lately."""
+    dropped = []
+    for labels, target in list(series.items()):
+        if labels in live:
+            target.gone_since = None
+        elif target.gone_since is None:
+            target.gone_since = now_unix
+        elif now_unix - target.gone_since >= expiry_s(interval_s):
+            del series[labels]
+            dropped.append(labels)
+    return dropped
 
 
 def judge(

@@ -19,7 +19,7 @@ ALLOWED = {
     "__main__": {"cli"},
     "cli": {"commands"},
     "commands": {"capture", "bundle", "analysis", "render", "watch", "host", "autothreads"},
-    "watch": {"capture", "analysis", "render", "host"},
+    "watch": {"capture", "bundle", "analysis", "render", "host"},
     "capture": {"bundle", "host"},
     "render": {"analysis", "bundle"},
     "analysis": {"bundle", "host"},
