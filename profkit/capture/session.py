@@ -106,19 +106,22 @@ class Window:
     tools_cpu_start: dict[str, float]  # tools_cpu_by_process as the window opened
     tools_cpu: dict[str, float]  # by tool, while it was open
     decisions: list[Decision]  # what was given up to keep the budget
+    # Ended by Ctrl-C or SIGTERM: someone is waiting, and the tools are stopped in a hurry.
+    interrupted: bool = False
 
 
 def target_state(target: Target) -> str | None:
     """None while the target is the process that was inspected; else why it is not."""
     try:
-        if procfs.read_stat(target.pid).start_ticks != target.start_ticks:
-            return "target exited"
-        if target.exe and os.readlink(f"/proc/{target.pid}/exe") != target.exe:
-            return "target exec'd"
+        now = procfs.read_image(target.pid)
     except (FileNotFoundError, ProcessLookupError):
         return "target exited"
     except OSError:
         return None
+    if now.start_ticks != target.start_ticks:
+        return "target exited"
+    if target.image is not None and not now.same_program_run(target.image):
+        return "target exec'd"
     return None
 
 
@@ -293,6 +296,7 @@ class Session:
             tools_cpu_start,
             tools_cpu,
             monitor.decisions,
+            interrupted=stop.is_set(),
         )
 
     def _running(self, name: str, kind: type[C]) -> C | None:
@@ -361,7 +365,7 @@ class Session:
         manifest, which is returned."""
         request, results = self.request, self.results
         with teardown_shielded():
-            stop_seconds = self._stop_all()
+            stop_seconds = self._stop_all(hurry=window.interrupted)
         for name, why in self.dropped.items():
             if name in results:
                 results[name] = replace(results[name], status="partial", reason=why)
@@ -424,10 +428,14 @@ class Session:
             manifest["overlapped_with"] = overlaps
         return manifest
 
-    def _stop_all(self) -> dict[str, float]:
+    def _stop_all(self, hurry: bool = False) -> dict[str, float]:
         """Stop every running collector (samplers first, then the tools in parallel); how long
-        each took."""
+        each took. hurry (Ctrl-C or SIGTERM): py-spy, which notices SIGINT only at its next
+        sample, is killed after a short grace rather than waited for."""
         running, results, clock = self.running, self.results, self.request.clock
+        pyspy = self._running("pyspy", PySpyCollector)
+        if hurry and pyspy is not None:
+            pyspy.hurry()
         seconds: dict[str, float] = {}
         full: list[OSError] = []
 
@@ -463,7 +471,7 @@ class Session:
         run to mark it)."""
         with teardown_shielded():
             with contextlib.suppress(Exception):
-                self._stop_all()
+                self._stop_all(hurry=isinstance(exc, KeyboardInterrupt))
             # It holds every process's samples; it never outlives a capture that did not finish.
             with contextlib.suppress(OSError):
                 (self.directory / PERF_DATA).unlink()

@@ -22,6 +22,7 @@ class TaskStat:
     num_threads: int
     start_ticks: int
     processor: int
+    arg_start: int = 0  # where exec laid out the argument strings; 0 where not readable
 
     @property
     def cpu_seconds(self) -> float:
@@ -43,6 +44,7 @@ def parse_stat(text: str) -> TaskStat:
         num_threads=int(fields[17]),
         start_ticks=int(fields[19]),
         processor=int(fields[36]) if len(fields) > 36 else -1,
+        arg_start=int(fields[45]) if len(fields) > 45 else 0,
     )
 
 
@@ -59,6 +61,45 @@ def task_dir(pid: int, tid: int | None = None) -> Path:
 
 def read_stat(pid: int, tid: int | None = None) -> TaskStat:
     return parse_stat((task_dir(pid, tid) / "stat").read_text())
+
+
+@dataclass(frozen=True)
+class ProcessImage:
+    """What an exec replaces. The pid and start time survive exec, so they alone cannot tell a
+    process that exec'd from the one inspected: the executable file, the command name and where
+    the new stack's argument strings lie (randomised per exec under ASLR) together do."""
+
+    start_ticks: int
+    comm: str
+    arg_start: int
+    exe: tuple[int, int]  # (st_dev, st_ino) of /proc/PID/exe; (0, 0) for kernel threads
+
+    def same_program_run(self, other: ProcessImage) -> bool:
+        """True unless an exec separates the two readings. The command name alone is not
+        decisive (prctl(PR_SET_NAME) and setproctitle change it in place), so it counts only
+        where the argument address could not be read."""
+        if (self.start_ticks, self.exe, self.arg_start) != (
+            other.start_ticks,
+            other.exe,
+            other.arg_start,
+        ):
+            return False
+        return bool(self.arg_start) or self.comm == other.comm
+
+
+def read_image(pid: int) -> ProcessImage:
+    """Raises FileNotFoundError or ProcessLookupError once the process is gone."""
+    stat = read_stat(pid)
+    try:
+        exe_stat = os.stat(PROC / str(pid) / "exe")
+        exe = (exe_stat.st_dev, exe_stat.st_ino)
+    except FileNotFoundError:
+        if not (PROC / str(pid)).exists():
+            raise
+        exe = (0, 0)  # a kernel thread, or an executable deleted and gone
+    except PermissionError:
+        exe = (0, 0)
+    return ProcessImage(stat.start_ticks, stat.comm, stat.arg_start, exe)
 
 
 def read_context_switches() -> int:

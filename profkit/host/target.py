@@ -61,6 +61,7 @@ class Target:
     environ_readable: bool = True
     torch_dir: str | None = None
     cpus_allowed: int = 1
+    image: procfs.ProcessImage | None = field(default=None, compare=False)  # to see an exec
 
     @property
     def command(self) -> str:
@@ -109,6 +110,7 @@ def inspect(pid: int, *, require_python: bool = True) -> Target:
     """Read everything profkit needs about a process, refusing non-Python targets by default."""
     if pid <= 0:
         raise NoSuchProcess(f"no process with pid {pid}")
+    image = _read_or_raise(pid, procfs.read_image, "stat")
     stat = _read_or_raise(pid, procfs.read_stat, "stat")
     cmdline = _read_or_raise(pid, procfs.read_cmdline, "cmdline")
     try:
@@ -150,6 +152,7 @@ def inspect(pid: int, *, require_python: bool = True) -> Target:
         environ_readable=readable,
         torch_dir=str(Path(torch_lib).parent.parent) if torch_lib else None,
         cpus_allowed=procfs.cpus_allowed(pid),
+        image=image,
     )
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 from profkit.bundle.read import load_bundle
 from profkit.capture.budget import DROP, REGION_PROBE_SHARE, SCHED_TRACE_SHARE
 from profkit.capture.ebpf.duty import MIN_DUTY
+from profkit.capture.session import SAMPLERS
 from profkit.capture.startup import LONG_STOP_S
 from profkit.host import procfs
 from recipes.launch import attach_command
@@ -52,6 +55,8 @@ def fanout_capture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no
     time.sleep(1.0)
     # Some tests below read what the scheduler tracepoints saw: trace them whatever the budget.
     result = attach(recipe.pid, out, *ALL, "--ebpf-sched", "on")
+    # On the bundle's clock: profkit had exited by now.
+    (out.parent / "attach_exited_ns").write_text(str(time.monotonic_ns()))
     recipe.stop()
     assert result.returncode == 0, result.stderr
     yield out, recipe
@@ -88,7 +93,13 @@ def test_startup_and_teardown_are_accounted_for(fanout_capture) -> None:  # type
     dropped = {d["collector"] for d in manifest["budget_decisions"] if d["action"] == DROP}
     teardown = manifest["teardown_s"]
     assert set(teardown) <= ran and ran - set(teardown) <= dropped, teardown
-    assert all(seconds >= 0 for seconds in teardown.values()), teardown
+    # Each stop lies between the window's end and profkit's exit: the samplers' one after the
+    # other, then the tools' side by side.
+    exited_ns = int((out.parent / "attach_exited_ns").read_text())
+    after_window_s = (exited_ns - manifest["window"]["end_ns"]) / 1e9
+    samplers = sum(seconds for name, seconds in teardown.items() if name in SAMPLERS)
+    tools = max(seconds for name, seconds in teardown.items() if name not in SAMPLERS)
+    assert 0 < samplers + tools <= after_window_s, (teardown, after_window_s)
     # py-spy read libtorch's symbols and bcc compiled its programs before the window opened.
     assert manifest["startup"]["tools_cpu_s"] > 0.1, manifest["startup"]
     # py-spy and perf were stopped by SIGINT within their grace, and wrote what they had.
@@ -267,47 +278,194 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
+def _states(pid: int) -> set[str]:
+    states = set()
+    for tid in procfs.list_tids(pid):
+        with contextlib.suppress(FileNotFoundError):
+            states.add(procfs.read_stat(pid, tid).state)
+    return states
+
+
+def _cpu_ticks(pid: int) -> int:
+    stat = procfs.read_stat(pid)
+    return stat.utime_ticks + stat.stime_ticks
+
+
+def _interrupt(process: subprocess.Popen[str]) -> float:
+    """SIGINT to profkit; the seconds from the signal to its exit (not to its pipes' end:
+    its output goes to files)."""
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=60)
+    return time.monotonic() - sent
+
+
+def _start_attach(tmp_path: Path, command: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
+        return subprocess.Popen(
+            command, cwd=ROOT, stdout=out, stderr=err, text=True, env={**os.environ, **(env or {})}
+        )
+
+
 def test_sigint_stops_quickly_and_leaves_nothing(start_recipe, tmp_path: Path) -> None:
+    """Ctrl-C ends a capture within 2 s whatever py-spy is doing. py-spy notices SIGINT only
+    at its next sample and then sleeps one more random gap (2 s on average at the 1 Hz asked
+    for here, so it is nearly always still sampling when its 0.5 s are over): it is killed,
+    and the target it may have held stopped keeps running. perf record and eBPF are not in
+    this set: what they take to stop is their own work on what they recorded (perf script
+    over perf.data, the native stacks' symbols: 1.5-12 s on a busy 2-core machine), not a wait
+    for py-spy; that Ctrl-C with every collector leaves nothing behind is test_safety_live's."""
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
-    process = subprocess.Popen(
-        # py-spy notices SIGINT at its next sample and then sleeps one more random gap
-        # (2 s on average at the 1 Hz the budget gives here, up to its 10-s grace):
-        # profkit's own stopping is what is timed.
+    out = tmp_path / "b"
+    process = _start_attach(
+        tmp_path,
         attach_command(
-            recipe.pid, duration=60, out=tmp_path / "b", report=False, rate=5, extra=ALL
+            recipe.pid,
+            duration=60,
+            out=out,
+            report=False,
+            rate=1,
+            collectors="pyspy,perf_stat,proc,cgroup",
         ),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
-    manifest_path = tmp_path / "b/manifest.json"
+    manifest_path = out / "manifest.json"
     deadline = time.monotonic() + 60
     tools: list[int] = []
     while time.monotonic() < deadline:  # wait until the tools run
         tools = children_of(process.pid)
-        if len(tools) >= 3 and manifest_path.exists():
+        if len(tools) >= 2 and manifest_path.exists():
             break
         time.sleep(0.2)
     time.sleep(2.0)
     tools = children_of(process.pid)
-    assert len(tools) >= 3, "py-spy, perf stat and perf record should be running"
-    sent = time.monotonic()
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=30)
-    took = time.monotonic() - sent
-    assert took < 5.0, f"profkit took {took:.1f} s to stop"
+    assert len(tools) >= 2, "py-spy and perf stat should be running"
+    took = _interrupt(process)
+    err = (tmp_path / "stderr").read_text()
+    assert took < 2.0, f"profkit took {took:.1f} s from SIGINT to its exit: {err}"
     assert process.returncode == 130, err
     manifest = json.loads(manifest_path.read_text())
     assert manifest["status"] == "partial" and "SIGINT" in manifest["status_reason"]
-    assert procfs.read_stat(recipe.pid).state != "T"
-    assert all(procfs.read_stat(recipe.pid, t).state != "T" for t in procfs.list_tids(recipe.pid))
-    assert uprobes_of(recipe.pid) == ""
+    pyspy = manifest["collectors"]["pyspy"]
+    (exit_code,) = pyspy["notes"]["exit_codes"]
+    if exit_code == -signal.SIGKILL:  # cut off: nothing written, and the bundle says why
+        assert pyspy["status"] == "failed" and "killed 0.5 s after" in pyspy["reason"], pyspy
+        # --native may have been cut off mid-sample: SIGCONT went to the target regardless.
+        assert pyspy["notes"]["sigcont_after_kill"] == pyspy["notes"]["native"][0], pyspy
+    else:  # it noticed SIGINT in time and wrote its samples
+        assert exit_code == 0 and pyspy["status"] == "ok", pyspy
+    # Each tool's stop lies inside the wait from the signal to profkit's exit.
+    assert max(manifest["teardown_s"].values()) < took, (manifest["teardown_s"], took)
     for tool in tools:
         assert not Path(f"/proc/{tool}").exists() or procfs.read_stat(tool).state == "Z", tool
-    time.sleep(0.5)
+    # Never left stopped: not now, and not a moment later (a stop signal py-spy's attach left
+    # pending would stop the target once its thread runs): it keeps using CPU.
+    assert not {"T", "t"} & _states(recipe.pid), _states(recipe.pid)
+    ticks = _cpu_ticks(recipe.pid)
+    time.sleep(1.0)
+    assert not {"T", "t"} & _states(recipe.pid), _states(recipe.pid)
+    assert _cpu_ticks(recipe.pid) > ticks, "the target must keep running"
     assert recipe.process.poll() is None, "the target must keep running"
-    os.kill(recipe.pid, 0)
+
+
+# A target whose main thread waits in the kernel, where a stop signal cannot act yet: its
+# posix_spawn (a vfork) waits for the child, which waits to open a FIFO until someone writes.
+VFORK_WAITER = """
+import os, sys
+print("ready", flush=True)
+os.posix_spawn(
+    "/bin/true", ["true"], os.environ,
+    file_actions=[(os.POSIX_SPAWN_OPEN, 0, sys.argv[1], os.O_RDONLY, 0)],
+)
+print("spawned", flush=True)
+while True:
+    pass
+"""
+
+# A py-spy that ptrace-attaches to the target and then ignores SIGINT: killed after it, the
+# SIGSTOP its attach sent is still pending in the waiting thread, and stops the target as soon
+# as that thread returns to user space, unless profkit has sent SIGCONT in between.
+STUCK_PYSPY = """#!{python}
+import ctypes, signal, sys, time
+if "--version" in sys.argv:
+    print("py-spy 0.4.1")
+    sys.exit(0)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+pid = int(sys.argv[sys.argv.index("--pid") + 1])
+libc = ctypes.CDLL(None, use_errno=True)
+PTRACE_ATTACH = 16
+if libc.ptrace(PTRACE_ATTACH, pid, None, None) != 0:
+    sys.exit(f"ptrace: errno {{ctypes.get_errno()}}")
+print("attached", file=sys.stderr, flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_sigint_while_pyspy_holds_the_target_leaves_it_running(tmp_path: Path) -> None:
+    """py-spy killed between its ptrace attach and the target's stop: the target is not stopped
+    yet (/proc shows its thread waiting), but would stop once the thread runs. profkit, having
+    killed py-spy --native, sends SIGCONT whatever /proc says, and the target keeps running;
+    and a py-spy that never exits on SIGINT holds Ctrl-C up 0.5 s, not 10 gaps."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    fake = tmp_path / "py-spy"
+    fake.write_text(STUCK_PYSPY.format(python=sys.executable))
+    fake.chmod(0o755)
+    target = subprocess.Popen(
+        [sys.executable, "-c", VFORK_WAITER, str(fifo)], stdout=subprocess.PIPE, text=True
+    )
+    process = None
+    try:
+        assert target.stdout is not None and target.stdout.readline().startswith("ready")
+        deadline = time.monotonic() + 10
+        while _states(target.pid) != {"D"} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _states(target.pid) == {"D"}, _states(target.pid)
+        out = tmp_path / "b"
+        process = _start_attach(
+            tmp_path,
+            attach_command(
+                target.pid,
+                duration=60,
+                out=out,
+                report=False,
+                collectors="pyspy,proc",
+                pyspy_mode="native",
+            ),
+            env={"PROFKIT_PY_SPY": str(fake)},
+        )
+        deadline = time.monotonic() + 60
+        stderr = out / "pyspy.stderr"
+        while time.monotonic() < deadline and process.poll() is None:
+            if stderr.exists() and "attached" in stderr.read_text():
+                break
+            time.sleep(0.1)
+        assert "attached" in stderr.read_text(), (tmp_path / "stderr").read_text()
+        assert _states(target.pid) == {"D"}, "the stop is pending, not taken"
+        took = _interrupt(process)
+        err = (tmp_path / "stderr").read_text()
+        assert took < 2.0, f"profkit took {took:.1f} s from SIGINT to its exit: {err}"
+        assert process.returncode == 130, err
+        pyspy = json.loads((out / "manifest.json").read_text())["collectors"]["pyspy"]
+        assert pyspy["notes"]["exit_codes"] == [-signal.SIGKILL], pyspy
+        assert pyspy["notes"]["sigcont_after_kill"] is True, pyspy
+        assert pyspy["status"] == "failed" and "killed 0.5 s after" in pyspy["reason"], pyspy
+        # Let the target's thread out of the kernel: a pending SIGSTOP would stop it now.
+        writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(writer)
+        time.sleep(1.0)
+        assert not {"T", "t"} & _states(target.pid), _states(target.pid)
+        assert select.select([target.stdout], [], [], 10)[0], "the target must keep running"
+        assert target.stdout.readline().startswith("spawned")
+        ticks = _cpu_ticks(target.pid)
+        time.sleep(1.0)
+        assert _cpu_ticks(target.pid) > ticks, "the target must keep running"
+    finally:
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+        target.kill()
+        target.wait()
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs to pin the target to one")
@@ -378,29 +536,62 @@ def test_a_busy_machine_is_not_traced_at_every_switch(start_recipe, tmp_path: Pa
 
 
 def test_a_flood_of_small_regions_switches_the_region_probes(start_recipe, tmp_path: Path) -> None:
-    """64-KB copies start thousands of regions a second: at the 17 us a region counts in place,
-    far over the probes' part of a 2% budget. With the walker on they are then switched on and
-    off to fit it, and the pool still gets its call site from the regions of the on-times; at a
-    budget twenty times too small they come off and the report says so; a budget whose probes'
-    part covers the rate keeps them on (at --budget 100 their part is 15% of the dispatching
-    thread, 8 800 regions a second at 17 us; the flood runs 3 800-6 400 on 2 cores)."""
-    recipe = start_recipe("shm_fanout.py", "--threads", "2", "--tensor-mb", "0.0625")
+    """64-KB copies start a region each: on 2 idle cores over a thousand a second, at the 17 us
+    a region counts in place over the probes' part of a 2% budget. How many a machine runs is
+    its own (26 a second on 2 cores at a load average of 12), so every budget below is derived
+    from the rate the first capture measured. A budget whose probes' part covers the rate keeps
+    them on (the first capture's: at --budget 100 the part is 15% of the dispatching thread,
+    8 800 regions a second at 17 us, over what the pace below allows). One whose part is a
+    small share of what the measured rate costs has them switched on and off with the walker
+    on, and the pool still gets its call site from the regions of the on-times; one twenty
+    times too small for the least duty takes them off, and the report says so."""
+    # A pause of half a millisecond after each copy: under 2 000 regions a second on any
+    # machine, and a rate that a busy machine moves less than an unpaced loop's.
+    recipe = start_recipe(
+        "shm_fanout.py", "--threads", "2", "--tensor-mb", "0.0625", "--pause-ms", "0.5"
+    )
     time.sleep(1.0)
-    switched, tight, loose = tmp_path / "switched", tmp_path / "tight", tmp_path / "loose"
-    result = attach(recipe.pid, switched, "--collectors", "ebpf,proc", duration=3.0)
+    loose, switched, tight = tmp_path / "loose", tmp_path / "switched", tmp_path / "tight"
+    result = attach(
+        recipe.pid,
+        loose,
+        *("--collectors", "ebpf,proc", "--ebpf-sched", "off", "--budget", "100"),
+        duration=2.0,
+    )
+    assert result.returncode == 0, result.stderr
+    kept = json.loads((loose / "ebpf.json").read_text())
+    measured = kept["regions_decision"]
+    assert measured["traced"] is True and "duty" not in measured, measured
+    assert measured["expected_share"] > 0, measured
+    # Kept on: every region entered was seen to its end and kept, but for the one the
+    # dispatching thread may still be in as they are counted (as in
+    # test_region_ends_follow_the_workers_copy_work).
+    assert kept["regions"]["tid"] and not kept["regions_decision"].get("on_ns"), measured
+    assert kept["region_entries"] - len(kept["regions"]["tid"]) <= 2, kept["region_entries"]
+    assert uprobes_of(recipe.pid) == ""
+
+    def budget(share_of_measured: float) -> str:
+        """--budget whose probes' part is this share of what the measured rate costs."""
+        part = share_of_measured * measured["expected_share"]
+        return f"{100 * part / REGION_PROBE_SHARE:.4g}"
+
+    # A part 0.15 of the measured cost: the probes are switched unless this capture's check
+    # counts under 0.15 of the rate measured, and taken off only over 7.5 times it (a duty
+    # under MIN_DUTY).
+    result = attach(
+        recipe.pid, switched, "--collectors", "ebpf,proc", "--budget", budget(0.15), duration=3.0
+    )
     assert result.returncode == 0, result.stderr
     ebpf = json.loads((switched / "ebpf.json").read_text())
     decision = ebpf["regions_decision"]
-    if decision["expected_share"] <= REGION_PROBE_SHARE * 0.02:
-        pytest.skip(f"{decision['regions_per_s']} regions/s is too few on this machine")
-    assert decision["regions_per_s"] > 1000
+    assert "duty" in decision, f"not switched: {decision}; measured first: {measured}"
     # The duty recorded is the last one, from the rate the on-times saw.
     assert decision["traced"] is True and MIN_DUTY <= decision["duty"] <= 1, decision
     on = decision["on_ns"]
     assert on and all(a < b for a, b in on)
     assert all(b1 < a2 for (_, b1), (a2, _) in itertools.pairwise(on)), "switched off"
     starts = ebpf["regions"]["start_ns"]
-    assert len(starts) > 100
+    assert starts, decision
     assert all(any(a <= t <= b for a, b in on) for t in starts), "regions only in on-times"
     assert all(s >= 0 for s in ebpf["regions"]["stack"]), "every region carries its stack"
     assert uprobes_of(recipe.pid) == ""
@@ -420,7 +611,14 @@ def test_a_flood_of_small_regions_switches_the_region_probes(start_recipe, tmp_p
         and "of the window the probes were on" in text.stdout
     )
     assert max(len(line) for line in text.stdout.splitlines()) <= 80
-    result = attach(recipe.pid, tight, "--collectors", "ebpf,proc", "--budget", "0.1", duration=2.0)
+    # A part twenty times too small for the least duty at the measured rate: taken off unless
+    # this check counts under a twentieth of it.
+    result = attach(
+        recipe.pid,
+        tight,
+        *("--collectors", "ebpf,proc", "--budget", budget(MIN_DUTY / 20)),
+        duration=2.0,
+    )
     assert result.returncode == 0, result.stderr
     decision = json.loads((tight / "ebpf.json").read_text())["regions_decision"]
     assert decision["traced"] is False and "duty" not in decision, decision
@@ -428,17 +626,6 @@ def test_a_flood_of_small_regions_switches_the_region_probes(start_recipe, tmp_p
     report = run_profkit("report", str(tight))
     assert report.returncode == 0, report.stderr
     assert "OpenMP region probes detached" in report.stdout
-    result = attach(
-        recipe.pid,
-        loose,
-        *("--collectors", "ebpf,proc", "--ebpf-sched", "off", "--budget", "100"),
-        duration=2.0,
-    )
-    assert result.returncode == 0, result.stderr
-    kept = json.loads((loose / "ebpf.json").read_text())
-    assert kept["regions_decision"]["traced"] is True, kept["regions_decision"]
-    assert "duty" not in kept["regions_decision"]
-    assert len(kept["regions"]["tid"]) > 1000
     assert uprobes_of(recipe.pid) == ""
     assert recipe.process.poll() is None, "the target keeps running"
 

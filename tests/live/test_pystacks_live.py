@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 
 from profkit.capture.budget import REGION_PROBE_SHARE
-from profkit.capture.ebpf.collector import IN_PLACE, WALKER_HIT_S
-from profkit.capture.ebpf.probe_points import EMULATED_HIT_S
 
 from ..support import RECIPES, run_profkit
 from .conftest import attach
@@ -97,36 +95,54 @@ def test_three_sites_at_default_settings(start_recipe, tmp_path: Path) -> None:
 
 def test_three_sites_with_the_probes_switched(start_recipe, tmp_path: Path) -> None:
     """A budget too small for the probes switches them: off as the window opens, on for the
-    last part of it (an 8-s capture is one period). With the scheduler traced, each region's
-    worker time is what ran between it and the next, and the pool's CPU must still split
-    1:2:3. Worker time before the on-time's first region belongs to a region nobody saw (it
-    went to the last region seen, one site's); several on-times are the unit tests'."""
-    # Paced, the recipe starts at most 6 regions a round, 240 a second; a budget whose probes'
-    # part covers a fifth of that at the cost per region the rate check counts (torch's libgomp:
-    # two emulated traps and the walker) switches them on 20% of the time at that ceiling, more
-    # below it (on 2 cores the paced recipe ran 93 regions a second, recounted 107: a duty of
-    # 0.45, an on-time of 3.6 s, about 60 rounds).
+    last part of it (a window under 45 s is one period). With the scheduler traced, each
+    region's worker time is what ran between it and the next, and the pool's CPU must still
+    split 1:2:3. Worker time before the on-time's first region belongs to a region nobody saw
+    (it went to the last region seen, one site's); several on-times are the unit tests'."""
+    # Paced, the recipe starts 6 regions a round and at most 40 rounds a second; how many it
+    # runs is this machine's. A first capture, at a budget that keeps the probes on, measures
+    # that rate with the same check in the same set. The second gives the probes' part of its
+    # budget a third of what the measured rate costs: its check then finds them over their part
+    # unless it counts under a third of that rate, and switches them on for about a third of
+    # the window (taking them off would need 17 times the rate: a duty under MIN_DUTY). An
+    # on-time of a third of the window holds the window's length times rate / 18 rounds: the
+    # window is made long enough for 50 (8-40 s), so that the rounds cut at the on-time's two
+    # edges move the sites' ratio by about 2%.
     recipe = start_recipe(
         "sites.py", "--pool", "torch", "--threads", "4", "--rounds-per-s", "40", warmup=1.0
     )
+    rate = tmp_path / "rate"
+    measuring = attach(recipe.pid, rate, "--budget", "100", "--ebpf-sched", "on", duration=1.0)
+    assert measuring.returncode == 0, measuring.stderr
+    measured = json.loads((rate / "ebpf.json").read_text())["regions_decision"]
+    assert measured["traced"] is True and "duty" not in measured, measured
+    assert measured["regions_per_s"] > 0 and measured["expected_share"] > 0, measured
+    duty = 1 / 3
+    budget = 100 * duty * measured["expected_share"] / REGION_PROBE_SHARE
+    duration = min(40.0, max(8.0, 50 * 6 / (duty * measured["regions_per_s"])))
     out = tmp_path / "b"
-    per_region_s = IN_PLACE * (2 * EMULATED_HIT_S + WALKER_HIT_S)
-    budget = 100 * 0.2 * 6 * 40 * per_region_s / REGION_PROBE_SHARE
     captured = attach(
-        recipe.pid, out, "--budget", f"{budget:.3f}", "--ebpf-sched", "on", duration=8.0
+        recipe.pid, out, "--budget", f"{budget:.4g}", "--ebpf-sched", "on", duration=duration
     )
     assert captured.returncode == 0, captured.stderr
     ebpf = json.loads((out / "ebpf.json").read_text())
     decision = ebpf["regions_decision"]
-    if "duty" not in decision:
-        pytest.skip(f"{decision.get('regions_per_s')} regions/s fit a {budget:.2f}% budget here")
+    assert "duty" in decision, f"not switched at --budget {budget:.4g}: {decision}; {measured}"
+    manifest = json.loads((out / "manifest.json").read_text())
+    part = REGION_PROBE_SHARE * manifest["options"]["budget"]["overhead_share"]
+    assert decision["expected_share"] > part, (decision, part)
     on = decision["on_ns"]
     assert len(on) == 1 and ebpf["slices"]["tid"], decision
-    window = json.loads((out / "manifest.json").read_text())["window"]
+    window = manifest["window"]
     assert window["start_ns"] < on[0][0] < on[0][1] >= window["end_ns"], (window, on)
     starts = ebpf["regions"]["start_ns"]
     assert all(any(a <= t <= b for a, b in on) for t in starts), "regions only in on-times"
-    assert decision["regions_after_on_times"] >= 0
+    # The on-time closes as eBPF's teardown begins, which then reads the region log: the
+    # regions left out after it are those the recipe started in that teardown, 6 a round and
+    # rounds at least 1/40 s apart.
+    teardown_s = manifest["teardown_s"]["ebpf"]
+    after = decision["regions_after_on_times"]
+    assert after <= 6 * (40 * teardown_s + 2), (after, teardown_s)
     assert decision["regions_before_on_times"] > 0, "the rate check's regions are left out"
     report = report_of(out)
     rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}

@@ -18,6 +18,8 @@ import sh
 from ...bundle.safefile import open_new
 
 PR_SET_PDEATHSIG = 1
+# How often a hurried stop looks whether the tool has ended.
+POLL_S = 0.02
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -85,16 +87,42 @@ class ChildTool:
         self._finish()
         return True
 
-    def stop(self, grace_s: float = 3.0) -> int | None:
-        """SIGINT, then SIGTERM, then SIGKILL: each tool gets the chance to write its output."""
-        for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 1.0), (signal.SIGKILL, 2.0)):
+    def stop(self, grace_s: float = 3.0, hurry: bool = False) -> int | None:
+        """SIGINT, then SIGTERM, then SIGKILL: each tool gets the chance to write its output.
+
+        hurry (someone is waiting: Ctrl-C): SIGINT, then SIGKILL once grace_s has passed on the
+        clock, whatever the tool was doing; the caller sees that in `killed`."""
+        steps = (
+            ((signal.SIGINT, grace_s), (signal.SIGKILL, 2.0))
+            if hurry
+            else ((signal.SIGINT, grace_s), (signal.SIGTERM, 1.0), (signal.SIGKILL, 2.0))
+        )
+        for sig, wait_s in steps:
             if not self.alive():
                 break
             self.signal(sig)
-            if self.wait(wait_s):
+            if self._wait_by_clock(wait_s) if hurry else self.wait(wait_s):
                 break
         self._finish()
         return self.exit_code
+
+    def _wait_by_clock(self, timeout: float) -> bool:
+        """wait(), against a deadline: sh's own wait polls every 0.1 s and counts its sleeps, not
+        the time, which on a busy machine runs longer than asked."""
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(POLL_S, left))
+        self._finish()
+        return True
+
+    @property
+    def killed(self) -> bool:
+        """profkit ended it with SIGTERM or SIGKILL: it may have been cut off mid-work (py-spy
+        with the target's threads stopped)."""
+        return any(sig in self.signals_sent for sig in ("SIGTERM", "SIGKILL"))
 
     def _finish(self) -> None:
         if self.exited_ns is None and not self.alive():

@@ -21,6 +21,7 @@ from ...bundle.parts import PYSPY, CollectorResult, pyspy_trace
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Target
+from ...host.targetfs import SourceLines
 from ...host.tools import find_tool
 from ..startup import ATTACH_TIMEOUT_S, SETTLE_TIMEOUT_S
 from .base import Availability, CaptureContext
@@ -38,6 +39,7 @@ class PySpyCollector:
         self._segments: list[tuple[ChildTool, int, Path, bool]] = []
         self.rate_changes: list[dict[str, object]] = []
         self.dropped: str | None = None
+        self._hurry = False
 
     def available(self, target: Target) -> Availability:
         if self._tool.path is None:
@@ -102,7 +104,7 @@ class PySpyCollector:
             return False
         child, rate, _, native = self._segments[-1]
         child.stop(grace_s=exit_grace_s(rate))
-        resume_if_stopped(self._context.target.pid)
+        resume_if_stopped(self._context.target.pid, cut_off=native and child.killed)
         if not native:
             self.dropped = reason
             self.rate_changes.append({"t_ns": now_ns, "from": rate, "to": 0, "reason": reason})
@@ -116,11 +118,22 @@ class PySpyCollector:
     def progress(self) -> int:
         return 0  # py-spy reports its samples only when it exits
 
+    def hurry(self) -> None:
+        """Someone is waiting (Ctrl-C or SIGTERM to profkit): stop() gives py-spy
+        INTERRUPT_GRACE_S after SIGINT instead of its sampling gaps, then kills it."""
+        self._hurry = True
+
     def stop(self) -> CollectorResult:
         assert self._context is not None
-        for child, rate, _, _ in self._segments:
-            child.stop(grace_s=exit_grace_s(rate))
-        resumed = resume_if_stopped(self._context.target.pid)
+        cut_off = False
+        for child, rate, _, native in self._segments:
+            running = child.alive()
+            if self._hurry:
+                child.stop(grace_s=INTERRUPT_GRACE_S, hurry=True)
+            else:
+                child.stop(grace_s=exit_grace_s(rate))
+            cut_off = cut_off or (running and native and child.killed)
+        resumed = resume_if_stopped(self._context.target.pid, cut_off=cut_off)
         first = self._segments[0][0]
         notes: dict[str, object] = {
             "rate_hz": self._segments[0][1],
@@ -133,6 +146,8 @@ class PySpyCollector:
             "native": [n for _, _, _, n in self._segments],
             "mode_reason": self._context.options.pyspy_mode_reason,
             "sigcont_sent_to": resumed,
+            # py-spy --native was killed: SIGCONT went to the target whatever its threads' state.
+            "sigcont_after_kill": cut_off,
             "version": self._tool.version_text,
         }
         parts, errors = [], 0
@@ -147,27 +162,38 @@ class PySpyCollector:
                 )
             found = re.search(r"Errors: (\d+)", child.stderr_text())
             errors += int(found.group(1)) if found else 0
+        # Killed after an interrupt, py-spy wrote nothing: it writes its samples as it exits.
+        cut = [
+            i for i, (c, _, raw, _) in enumerate(self._segments) if c.killed and not raw.exists()
+        ]
+        interrupted = (
+            f"py-spy was killed {INTERRUPT_GRACE_S:g} s after the interrupt, before it wrote its "
+            "samples (it notices SIGINT only at its next sample)"
+        )
         if not parts:
             return CollectorResult(
                 self.name,
                 "failed",
-                _last_line(first.stderr_text()),
+                interrupted if self._hurry and cut else _last_line(first.stderr_text()),
                 notes=notes,
                 files=(f"{self.name}.stderr",),
             )
         normalised = merge(parts)
-        normalised["sources"] = source_lines(normalised["frames"])
+        normalised["sources"] = source_lines(self._context.target.pid, normalised["frames"])
         write_new(self._context.directory / PYSPY, json.dumps(normalised))
         spans = normalised["spans"]
         samples = sum(
             max(1, round((e - s) / 1e9 * r))
             for s, e, r in zip(spans["start_ns"], spans["end_ns"], spans["rate_hz"], strict=True)
         )
-        status = "partial" if self.dropped else "ok"
+        lost_segments = (
+            f"segment {', '.join(map(str, cut))} lost: {interrupted}" if self._hurry and cut else ""
+        )
+        status = "partial" if self.dropped or lost_segments else "ok"
         return CollectorResult(
             self.name,
             status,
-            self.dropped or "",
+            self.dropped or lost_segments,
             samples=samples,
             lost=errors,
             start_ns=min(spans["start_ns"], default=None),
@@ -182,6 +208,12 @@ def _last_line(text: str) -> str:
     return lines[-1][:200] if lines else "py-spy wrote no output"
 
 
+# After an interrupt, how long py-spy gets after SIGINT before SIGKILL: a user is waiting, and
+# py-spy notices SIGINT only at its next sample and then sleeps one more gap (2 s on average at
+# 1 Hz, 0.2 s at 10 Hz). It writes its samples as it exits, so a killed py-spy leaves none.
+INTERRUPT_GRACE_S = 0.5
+
+
 def exit_grace_s(rate_hz: int) -> float:
     """How long py-spy may take to write its output after SIGINT. It draws the gaps between
     samples from an exponential distribution (against aliasing) and only notices the signal at
@@ -191,8 +223,15 @@ def exit_grace_s(rate_hz: int) -> float:
     return max(5.0, 10.0 / max(1, rate_hz))
 
 
-def resume_if_stopped(pid: int) -> list[int]:
-    """A killed py-spy can leave threads in stop state; SIGCONT them and say which."""
+def resume_if_stopped(pid: int, cut_off: bool = False) -> list[int]:
+    """A killed py-spy can leave threads in stop state; SIGCONT them and say which.
+
+    cut_off: py-spy --native was killed, maybe mid-sample. A thread it had attached to (ptrace
+    sends it SIGSTOP) may then not look stopped yet: the SIGSTOP is still pending, or taken and
+    about to stop the whole process once the thread runs again. SIGCONT is then sent whatever
+    /proc says, after py-spy is gone: the kernel drops a pending stop signal, and a stop taken
+    but not yet acted on (the JOBCTL_STOP_DEQUEUED that SIGCONT clears), so that the target
+    cannot stop later."""
     stopped = []
     try:
         tids = procfs.list_tids(pid)
@@ -204,7 +243,7 @@ def resume_if_stopped(pid: int) -> list[int]:
                 stopped.append(tid)
         except FileNotFoundError:
             continue
-    if stopped:
+    if stopped or cut_off:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
     return stopped
@@ -295,19 +334,15 @@ def merge(parts: list[dict]) -> dict:
     }
 
 
-def source_lines(frames: list[list], limit: int = 2000) -> dict[str, str]:
-    """The code at each Python frame, kept so that a report names the line on another machine."""
+def source_lines(pid: int, frames: list[list], limit: int = 2000) -> dict[str, str]:
+    """The code at each Python frame, kept so that a report names the line on another machine.
+    The files are the target's, read as the target could (SourceLines)."""
     sources: dict[str, str] = {}
-    cache: dict[str, list[str]] = {}
+    reader = SourceLines(pid)
     for _name, filename, line in frames[:limit]:
         if not filename.endswith(".py") or line <= 0:
             continue
-        if filename not in cache:
-            try:
-                cache[filename] = Path(filename).read_text(errors="replace").splitlines()
-            except OSError:
-                cache[filename] = []
-        text = cache[filename]
-        if line <= len(text):
-            sources[f"{filename}:{line}"] = text[line - 1].strip()[:200]
+        code = reader.line(filename, line)
+        if code is not None:
+            sources[f"{filename}:{line}"] = code
     return sources
