@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MANIFEST = "manifest.json"
+# The manifest's layout version: a reader refuses a bundle with a newer one.
+SCHEMA_VERSION = 1
 
 PROC = "proc.json"
 CGROUP = "cgroup.json"

@@ -1,4 +1,7 @@
-"""Typed, frozen views of a session bundle, loaded once; every analysis step reads these."""
+"""Typed, frozen views of a session bundle, loaded once; every analysis step reads these.
+
+Each part is read through load.BundleFiles and each value checked as it is taken, so that a
+bundle someone else made gives these views or one BadBundle line naming the part and the key."""
 
 from __future__ import annotations
 
@@ -9,10 +12,22 @@ from typing import TypedDict
 import numpy as np
 
 from ..errors import BadBundle
+from .load import (
+    MIN_CORES,
+    BundleFiles,
+    Fields,
+    describe,
+    need_below,
+    need_ids,
+    need_int,
+    need_text,
+)
 from .parts import CGROUP, EBPF, NATIVE, OWNER, PERF, PROC, PYSPY
-from .write import load_manifest, load_part
 
 I64 = np.int64
+# py-spy at its top rate (1000 Hz) on 8 Python threads for an hour is 2.9e7 samples; analysis
+# holds 32 bytes for each.
+MAX_SPAN_SAMPLES = 2**26
 
 
 @dataclass(frozen=True)
@@ -182,174 +197,297 @@ class Bundle:
         return out
 
 
-def _array(values: list, name: str, path: str) -> np.ndarray:
-    try:
-        return np.asarray(values, dtype=I64)
-    except (TypeError, ValueError) as exc:
-        raise BadBundle(f"{path}: column {name} is not numeric") from exc
+def _collector_notes(manifest: Fields, part: str) -> Fields:
+    collectors = manifest.table("collectors", optional=True)
+    return collectors.table(OWNER[part], optional=True).table("notes", optional=True)
 
 
-def _proc(directory: Path) -> ProcSeries | None:
-    data = load_part(directory, PROC)
+def _fill(table: Fields, key: str, fill: int, count: int) -> np.ndarray:
+    """A column older bundles lack (absent, null or empty): `fill` in every row."""
+    if not table.data.get(key):
+        return np.full(count, fill, dtype=I64)
+    column = table.column(key)
+    if len(column) != count:
+        raise BadBundle(f"{table.label(key)} has {len(column)} rows, not {count}")
+    return column
+
+
+def _proc(files: BundleFiles) -> ProcSeries | None:
+    data = files.part(PROC)
     if data is None:
         return None
-    try:
-        samples, process = data["samples"], data["process"]
-        t_ns = _array(samples["t_ns"], "t_ns", PROC)
-        return ProcSeries(
-            clock_ticks=int(data["clock_ticks"]),
-            names={int(k): v for k, v in data["threads"].items()},
-            t_ns=t_ns,
-            tid=_array(samples["tid"], "tid", PROC),
-            cpu_ticks=_array(samples["utime"], "utime", PROC)
-            + _array(samples["stime"], "stime", PROC),
-            process_t_ns=_array(process["t_ns"], "t_ns", PROC),
-            process_ticks=_array(process["utime"], "utime", PROC)
-            + _array(process["stime"], "stime", PROC),
-            # Bundles from before the split sampler read every thread at every sample.
-            full_t_ns=np.unique(
-                _array(data["full_t_ns"], "full_t_ns", PROC) if "full_t_ns" in data else t_ns
-            ),
-        )
-    except (KeyError, TypeError) as exc:
-        raise BadBundle(f"{PROC} lacks {exc}") from exc
+    samples = data.columns("samples", {"t_ns": 0, "tid": 0, "utime": 0, "stime": 0})
+    process = data.columns("process", {"t_ns": 0, "utime": 0, "stime": 0})
+    names = data.by_tid("threads")
+    return ProcSeries(
+        clock_ticks=data.integer("clock_ticks", minimum=1),
+        names={tid: need_text(name, data.label(f"threads.{tid}")) for tid, name in names.items()},
+        t_ns=samples["t_ns"],
+        tid=samples["tid"],
+        cpu_ticks=samples["utime"] + samples["stime"],
+        process_t_ns=process["t_ns"],
+        process_ticks=process["utime"] + process["stime"],
+        # Bundles from before the split sampler read every thread at every sample.
+        full_t_ns=np.unique(
+            data.column("full_t_ns") if "full_t_ns" in data.data else samples["t_ns"]
+        ),
+    )
 
 
-def _pyspy(directory: Path, manifest: dict) -> PySpySpans | None:
-    data = load_part(directory, PYSPY)
+def _frames(data: Fields, width: int) -> list[list[object]]:
+    """The frame table: each frame a list of `width` values (checked by the caller)."""
+    frames: list[list[object]] = []
+    for i, frame in enumerate(data.items("frames")):
+        if not isinstance(frame, list) or len(frame) < width:
+            raise BadBundle(f"{data.label(f'frames[{i}]')} is {describe(frame)}, not a frame")
+        frames.append(frame)
+    return frames
+
+
+def _stacks(data: Fields, frames: int) -> tuple[tuple[int, ...], ...]:
+    return tuple(
+        need_ids(stack, data.label(f"stacks[{i}]"), frames)
+        for i, stack in enumerate(data.items("stacks"))
+    )
+
+
+def _pyspy(files: BundleFiles, manifest: Fields) -> PySpySpans | None:
+    data = files.part(PYSPY)
     if data is None:
         return None
-    try:
-        spans = data["spans"]
-        rate = manifest["collectors"].get(OWNER[PYSPY], {}).get("notes", {}).get(
-            "rate_hz"
-        ) or manifest.get("options", {}).get("rate_hz", 20)
-        return PySpySpans(
-            frames=tuple(Frame(str(f[0]), str(f[1]), int(f[2])) for f in data["frames"]),
-            stacks=tuple(tuple(s) for s in data["stacks"]),
-            names={int(k): v for k, v in data.get("threads", {}).items()},
-            tid=_array(spans["tid"], "tid", PYSPY),
-            start_ns=_array(spans["start_ns"], "start_ns", PYSPY),
-            end_ns=_array(spans["end_ns"], "end_ns", PYSPY),
-            stack=_array(spans["stack"], "stack", PYSPY),
-            rate_hz=int(rate),
-            sources=dict(data.get("sources", {})),
-            span_rate_hz=_array(
-                spans.get("rate_hz") or [int(rate)] * len(spans["tid"]), "rate_hz", PYSPY
-            ),
-            span_native=_array(spans.get("native") or [1] * len(spans["tid"]), "native", PYSPY),
+    frames = tuple(
+        Frame(
+            need_text(f[0], data.label(f"frames[{i}][0]")),
+            need_text(f[1], data.label(f"frames[{i}][1]")),
+            need_int(f[2], data.label(f"frames[{i}][2]"), minimum=None),
         )
-    except (KeyError, TypeError, IndexError) as exc:
-        raise BadBundle(f"{PYSPY} lacks {exc}") from exc
+        for i, f in enumerate(_frames(data, 3))
+    )
+    stacks = _stacks(data, len(frames))
+    spans = data.table("spans")
+    columns = data.columns("spans", {"tid": 0, "start_ns": 0, "end_ns": 0, "stack": 0})
+    count = len(columns["tid"])
+    rate = _collector_notes(manifest, PYSPY).maybe_number("rate_hz") or manifest.table(
+        "options", optional=True
+    ).number("rate_hz", 20)
+    span_rate = _fill(spans, "rate_hz", int(rate), count)
+    _within_samples(columns["start_ns"], columns["end_ns"], span_rate, int(rate), spans.label(""))
+    return PySpySpans(
+        frames=frames,
+        stacks=stacks,
+        names={
+            tid: need_text(name, data.label(f"threads.{tid}"))
+            for tid, name in data.by_tid("threads", optional=True).items()
+        },
+        tid=columns["tid"],
+        start_ns=columns["start_ns"],
+        end_ns=columns["end_ns"],
+        stack=need_below(columns["stack"], len(stacks), spans.label("stack"), "stacks"),
+        rate_hz=int(rate),
+        sources={
+            key: need_text(code, data.label(f"sources.{key}"))
+            for key, code in data.table("sources", optional=True).data.items()
+        },
+        span_rate_hz=span_rate,
+        span_native=_fill(spans, "native", 1, count),
+    )
 
 
-def python_samples_from_ebpf(directory: Path, manifest: dict) -> PySpySpans | None:
+def _within_samples(
+    start: np.ndarray, end: np.ndarray, span_rate: np.ndarray, rate: int, label: str
+) -> None:
+    """Analysis expands each span into the samples it stands for (attribution.expand_weighted):
+    a span of a year, or a rate of 10^15 Hz, would ask for petabytes."""
+    rates = np.maximum(1, np.where(span_rate > 0, span_rate, rate)).astype(float)
+    samples = np.maximum(1, np.rint((end - start) * rates / 1e9)).sum()
+    if samples > MAX_SPAN_SAMPLES:
+        raise BadBundle(
+            f"{label.rstrip('.')} stand for {samples:.3g} samples, more than the "
+            f"{MAX_SPAN_SAMPLES:.3g} a capture takes"
+        )
+
+
+def _py_frames(stack: Fields) -> tuple[PyFrame, ...]:
+    return tuple(
+        PyFrame(
+            frame.text("file"),
+            frame.text("function"),
+            frame.integer("line", minimum=None),
+            frame.maybe_text("code"),
+        )
+        for frame in stack.objects("frames")
+    )
+
+
+def _py_stacks(python: Fields | None) -> tuple[PyStack, ...]:
+    """The Python stacks the eBPF walker read, which regions and samples index."""
+    if python is None:
+        return ()
+    return tuple(
+        PyStack(
+            frames=_py_frames(stack),
+            regions=stack.integer("regions", 0),
+            region_ns=stack.integer("region_ns", 0),
+            truncated=stack.flag("truncated"),
+        )
+        for stack in python.objects("stacks", optional=True)
+    )
+
+
+def python_samples_from_ebpf(files: BundleFiles, manifest: Fields) -> PySpySpans | None:
     """The eBPF walker's on-CPU samples of the Python threads, in py-spy's shape: one span per
     sample, Python frames only (no native frames, as py-spy --nonblocking)."""
-    data = load_part(directory, EBPF)
-    python = (data or {}).get("python") or {}
-    samples = python.get("samples")
-    if not samples or not samples.get("t_ns"):
+    data = files.part(EBPF)
+    python = data.maybe_table("python") if data is not None else None
+    samples = python.maybe_table("samples") if python is not None else None
+    if python is None or samples is None or not samples.data.get("t_ns"):
         return None
     thread_names = {
-        int(t["tid"]): str(t["name"]) for t in manifest.get("target", {}).get("threads", [])
+        t.integer("tid"): t.text("name")
+        for t in manifest.table("target", optional=True).objects("threads", optional=True)
     }
-    try:
-        frames: dict[tuple[str, str, int], int] = {}
-        sources: dict[str, str] = {}
-        stacks: list[tuple[int, ...]] = []
-        for stack in python["stacks"]:
-            ids = []
-            for f in stack["frames"]:
-                key = (str(f["function"]), str(f["file"]), int(f["line"]))
-                ids.append(frames.setdefault(key, len(frames)))
-                if f.get("code"):
-                    sources[f"{f['file']}:{f['line']}"] = str(f["code"])
-            stacks.append(tuple(ids))
-        # A sample whose walk found no Python frame keeps an empty stack.
-        empty = len(stacks)
-        stacks.append(())
-        stack = np.asarray(samples["stack"], dtype=I64)
-        stack = np.where(stack >= 0, stack, empty)
-        t_ns = _array(samples["t_ns"], "t_ns", EBPF)
-        rate = int(samples.get("rate_hz", 49))
-        return PySpySpans(
-            frames=tuple(Frame(*key) for key in frames),
-            stacks=tuple(stacks),
-            names={int(t): thread_names.get(int(t), "python") for t in python.get("threads", [])},
-            tid=_array(samples["tid"], "tid", EBPF),
-            start_ns=t_ns,
-            end_ns=t_ns,
-            stack=stack,
-            rate_hz=rate,
-            sources=sources,
-            span_rate_hz=np.full(len(t_ns), rate, dtype=I64),
-            span_native=np.zeros(len(t_ns), dtype=I64),
-            source="ebpf",
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise BadBundle(f"{EBPF}'s Python samples lack {exc}") from exc
+    frames: dict[tuple[str, str, int], int] = {}
+    sources: dict[str, str] = {}
+    stacks: list[tuple[int, ...]] = []
+    for py_stack in _py_stacks(python):
+        ids = []
+        for f in py_stack.frames:
+            ids.append(frames.setdefault((f.function, f.file, f.line), len(frames)))
+            if f.code:
+                sources[f"{f.file}:{f.line}"] = f.code
+        stacks.append(tuple(ids))
+    # A sample whose walk found no Python frame keeps an empty stack.
+    empty = len(stacks)
+    stacks.append(())
+    columns = python.columns("samples", {"t_ns": 0, "tid": 0, "stack": -1})
+    stack = need_below(columns["stack"], empty, samples.label("stack"), "python.stacks")
+    t_ns = columns["t_ns"]
+    rate = int(samples.number("rate_hz", 49))
+    return PySpySpans(
+        frames=tuple(Frame(*key) for key in frames),
+        stacks=tuple(stacks),
+        names={
+            tid: thread_names.get(tid, "python")
+            for tid in (
+                need_int(t, python.label(f"threads[{i}]"))
+                for i, t in enumerate(python.items("threads", optional=True))
+            )
+        },
+        tid=columns["tid"],
+        start_ns=t_ns,
+        end_ns=t_ns,
+        stack=np.where(stack >= 0, stack, empty),
+        rate_hz=rate,
+        sources=sources,
+        span_rate_hz=np.full(len(t_ns), rate, dtype=I64),
+        span_native=np.zeros(len(t_ns), dtype=I64),
+        source="ebpf",
+    )
 
 
-def _perf(directory: Path, manifest: dict) -> PerfSamples | None:
+def _perf(files: BundleFiles, manifest: Fields) -> PerfSamples | None:
     """perf record's samples, or where it was not in the capture the eBPF sampler's native
     stacks, which native.json holds in the same tables."""
     name = PERF
-    data = load_part(directory, PERF)
+    data = files.part(PERF)
     if data is None:
-        name, data = NATIVE, load_part(directory, NATIVE)
-    if data is None:
-        return None
-    try:
-        samples = data["samples"]
-        notes = manifest["collectors"].get(OWNER[name], {}).get("notes", {})
-        return PerfSamples(
-            frames=tuple((str(f[0]), str(f[1])) for f in data["frames"]),
-            stacks=tuple(tuple(s) for s in data["stacks"]),
-            t_ns=_array(samples["t_ns"], "t_ns", name),
-            tid=_array(samples["tid"], "tid", name),
-            period_ns=_array(samples["period_ns"], "period_ns", name),
-            stack=_array(samples["stack"], "stack", name),
-            callgraph=str(notes.get("callgraph", "fp")),
-            source="perf record" if name == PERF else "eBPF",
-        )
-    except (KeyError, TypeError, IndexError) as exc:
-        raise BadBundle(f"{name} lacks {exc}") from exc
-
-
-def _sched(directory: Path, manifest: dict) -> SchedData | None:
-    data = load_part(directory, EBPF)
+        name, data = NATIVE, files.part(NATIVE)
     if data is None:
         return None
-    try:
-        slices, regions = data["slices"], data["regions"]
-        attached = data.get("attached", [])
-        return SchedData(
-            threads={int(k): v for k, v in data["threads"].items()},
-            wakeups=tuple((int(a), int(b), int(c)) for a, b, c in data["wakeups"]),
-            slice_tid=_array(slices["tid"], "tid", EBPF),
-            slice_start=_array(slices["start_ns"], "start_ns", EBPF),
-            slice_end=_array(slices["end_ns"], "end_ns", EBPF),
-            slice_voluntary=_array(slices["voluntary"], "voluntary", EBPF),
-            region_tid=_array(regions["tid"], "tid", EBPF),
-            region_start=_array(regions["start_ns"], "start_ns", EBPF),
-            region_end=_array(regions["end_ns"], "end_ns", EBPF),
-            region_requested=_array(regions["requested"], "requested", EBPF),
-            lost=int(sum(data.get("lost", {}).values())),
-            uprobes_attached=any(a.startswith("uprobe:") for a in attached),
-            scheduler_traced=any(a.startswith("tracepoint:sched") for a in attached),
-            regions_skipped=str((data.get("regions_decision") or {}).get("reason", "")),
-            region_on=tuple(
-                (int(a), int(b)) for a, b in (data.get("regions_decision") or {}).get("on_ns", [])
-            ),
-            region_stack=(_array(regions["stack"], "stack", EBPF) if "stack" in regions else None),
-            **_python_stacks(data.get("python") or {}),
-            **_region_pools(
-                data, len(regions["tid"]), manifest.get("target", {}).get("openmp_runtime")
-            ),
+    frames = tuple(
+        (
+            need_text(f[0], data.label(f"frames[{i}][0]")),
+            need_text(f[1], data.label(f"frames[{i}][1]")),
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise BadBundle(f"{EBPF} lacks {exc}") from exc
+        for i, f in enumerate(_frames(data, 2))
+    )
+    stacks = _stacks(data, len(frames))
+    samples = data.columns("samples", {"t_ns": 0, "tid": 0, "period_ns": 0, "stack": 0})
+    label = data.table("samples").label("stack")
+    return PerfSamples(
+        frames=frames,
+        stacks=stacks,
+        t_ns=samples["t_ns"],
+        tid=samples["tid"],
+        period_ns=samples["period_ns"],
+        stack=need_below(samples["stack"], len(stacks), label, "stacks"),
+        callgraph=_collector_notes(manifest, name).text("callgraph", "fp"),
+        source="perf record" if name == PERF else "eBPF",
+    )
+
+
+def _sched(files: BundleFiles, manifest: Fields) -> SchedData | None:
+    data = files.part(EBPF)
+    if data is None:
+        return None
+    slices = data.columns("slices", {"start_ns": 0, "end_ns": 0, "tid": 0, "voluntary": 0})
+    table = data.table("regions")
+    regions = data.columns("regions", {"start_ns": 0, "end_ns": 0, "tid": 0, "requested": 0})
+    python = data.maybe_table("python")
+    stacks = _py_stacks(python)
+    region_stack = None
+    if "stack" in table.data:
+        region_stack = need_below(
+            table.column("stack", minimum=-1), len(stacks), table.label("stack"), "python.stacks"
+        )
+        # A region's site is the innermost frame of its stack.
+        if any(not stacks[i].frames for i in set(region_stack.tolist()) if i >= 0):
+            raise BadBundle(f"{table.label('stack')} names a Python stack without frames")
+    attached = data.texts("attached", optional=True)
+    lost = data.table("lost", optional=True)
+    decision = data.maybe_table("regions_decision") or Fields({}, data.where, "regions_decision.")
+    primary = manifest.table("target", optional=True).maybe_text("openmp_runtime")
+    return SchedData(
+        threads={
+            tid: _thread_times(data, tid, times) for tid, times in data.by_tid("threads").items()
+        },
+        wakeups=tuple(
+            (w[0], w[1], w[2])
+            for w in (
+                _ints(wakeup, data.label(f"wakeups[{i}]"), 3)
+                for i, wakeup in enumerate(data.items("wakeups"))
+            )
+        ),
+        slice_tid=slices["tid"],
+        slice_start=slices["start_ns"],
+        slice_end=slices["end_ns"],
+        slice_voluntary=slices["voluntary"],
+        region_tid=regions["tid"],
+        region_start=regions["start_ns"],
+        region_end=regions["end_ns"],
+        region_requested=regions["requested"],
+        lost=sum(need_int(count, lost.label(key)) for key, count in lost.data.items()),
+        uprobes_attached=any(a.startswith("uprobe:") for a in attached),
+        scheduler_traced=any(a.startswith("tracepoint:sched") for a in attached),
+        regions_skipped=decision.text("reason", ""),
+        region_on=tuple(
+            (on[0], on[1])
+            for on in (
+                _ints(pair, decision.label(f"on_ns[{i}]"), 2)
+                for i, pair in enumerate(decision.items("on_ns", optional=True))
+            )
+        ),
+        region_stack=region_stack,
+        **_python_fields(python, stacks),
+        **_region_pools(data, len(regions["tid"]), primary),
+    )
+
+
+def _ints(value: object, label: str, count: int) -> list[int]:
+    """A fixed-length list of counts or times: a wakeup [waker, wakee, count], an on-time."""
+    if not isinstance(value, list) or len(value) != count:
+        raise BadBundle(f"{label} is {describe(value)}, not a list of {count} integers")
+    return [need_int(v, label) for v in value]
+
+
+def _thread_times(data: Fields, tid: int, times: object) -> dict[str, int]:
+    """A thread's counts from the scheduler tracepoints: oncpu_ns, offcpu_ns, voluntary..."""
+    label = data.label(f"threads.{tid}")
+    if not isinstance(times, dict):
+        raise BadBundle(f"{label} is {describe(times)}, not an object")
+    if "offcpu_ns" not in times:
+        raise BadBundle(f"{label} lacks offcpu_ns")
+    return {key: need_int(value, f"{label}.{key}") for key, value in times.items()}
 
 
 def pool_names(runtimes: tuple[dict, ...], primary: str | None) -> list[str]:
@@ -387,81 +525,90 @@ class _PythonFields(TypedDict):
     walker_reason: str
 
 
-def _region_pools(data: dict, count: int, primary: str | None) -> _PoolFields:
+def _region_pools(data: Fields, count: int, primary: str | None) -> _PoolFields:
     """Bundles from before several runtime copies were probed have one OpenMP runtime."""
-    runtimes = tuple(data.get("runtimes") or ())
-    column = data["regions"].get("runtime")
-    if column is None or len(column) != count:
-        return {"runtimes": runtimes, "pool_names": (), "region_pool": None}
-    pools = pool_names(runtimes, primary)
+    runtimes = tuple(data.objects("runtimes") if data.has("runtimes") else ())
+    for runtime in runtimes:
+        runtime.maybe_text("pool")
+        runtime.maybe_text("path")
+    kept = tuple(runtime.data for runtime in runtimes)
+    regions = data.table("regions")
+    if regions.data.get("runtime") is None:
+        return {"runtimes": kept, "pool_names": (), "region_pool": None}
+    column = regions.column("runtime", minimum=None)
+    if len(column) != count:
+        return {"runtimes": kept, "pool_names": (), "region_pool": None}
+    pools = pool_names(kept, primary)
     return {
-        "runtimes": runtimes,
+        "runtimes": kept,
         "pool_names": tuple(pools),
         "region_pool": np.array(
-            [pools[i] if 0 <= i < len(pools) else "openmp" for i in column], dtype=object
+            [pools[i] if 0 <= i < len(pools) else "openmp" for i in column.tolist()], dtype=object
         ),
     }
 
 
-def _python_stacks(python: dict) -> _PythonFields:
-    stacks = tuple(
-        PyStack(
-            frames=tuple(
-                PyFrame(str(f["file"]), str(f["function"]), int(f["line"]), f.get("code"))
-                for f in stack["frames"]
-            ),
-            regions=int(stack.get("regions", 0)),
-            region_ns=int(stack.get("region_ns", 0)),
-            truncated=bool(stack.get("truncated", False)),
-        )
-        for stack in python.get("stacks", [])
-    )
-    offcpu = python.get("offcpu") or {}
+def _python_fields(python: Fields | None, stacks: tuple[PyStack, ...]) -> _PythonFields:
+    if python is None:
+        return {"python_stacks": (), "python_offcpu": (), "walker": "off", "walker_reason": ""}
+    offcpu = python.columns("offcpu", {"tid": 0, "stack": None, "ns": 0}, optional=True)
     return {
         "python_stacks": stacks,
         "python_offcpu": tuple(
-            (int(t), int(i), int(ns) / 1e9)
+            (t, i, ns / 1e9)
             for t, i, ns in zip(
-                offcpu.get("tid", []), offcpu.get("stack", []), offcpu.get("ns", []), strict=True
+                offcpu["tid"].tolist(), offcpu["stack"].tolist(), offcpu["ns"].tolist(), strict=True
             )
-            if 0 <= int(i) < len(stacks)
+            if 0 <= i < len(stacks)
         ),
-        "walker": str(python.get("walker", "off")),
-        "walker_reason": str(python.get("reason", "")),
+        "walker": python.text("walker", "off"),
+        "walker_reason": python.text("reason", ""),
     }
 
 
-def _cgroup(directory: Path) -> CgroupSeries | None:
-    data = load_part(directory, CGROUP)
+def _cgroup(files: BundleFiles) -> CgroupSeries | None:
+    data = files.part(CGROUP)
     if data is None:
         return None
-    try:
-        s = data["samples"]
-        return CgroupSeries(
-            effective_cores=data.get("effective_cores"),
-            source=data.get("source"),
-            period_us=data.get("period_us"),
-            version=str(data.get("version", "")),
-            t_ns=_array(s["t_ns"], "t_ns", CGROUP),
-            nr_periods=_array(s["nr_periods"], "nr_periods", CGROUP),
-            nr_throttled=_array(s["nr_throttled"], "nr_throttled", CGROUP),
-            throttled_ns=_array(s["throttled_ns"], "throttled_ns", CGROUP),
-            usage_ns=_array(s["usage_ns"], "usage_ns", CGROUP),
-            pressure_some_us=_array(s["pressure_some_us"], "pressure_some_us", CGROUP),
-        )
-    except (KeyError, TypeError) as exc:
-        raise BadBundle(f"{CGROUP} lacks {exc}") from exc
+    # -1: not available (cgroup v1 has no pressure, a counter may be missing).
+    s = data.columns(
+        "samples",
+        {
+            "t_ns": 0,
+            "nr_periods": -1,
+            "nr_throttled": -1,
+            "throttled_ns": -1,
+            "usage_ns": -1,
+            "pressure_some_us": -1,
+        },
+    )
+    return CgroupSeries(
+        effective_cores=data.maybe_number("effective_cores", MIN_CORES),
+        source=data.maybe_text("source"),
+        period_us=data.maybe_integer("period_us"),
+        version=data.text("version", ""),
+        t_ns=s["t_ns"],
+        nr_periods=s["nr_periods"],
+        nr_throttled=s["nr_throttled"],
+        throttled_ns=s["throttled_ns"],
+        usage_ns=s["usage_ns"],
+        pressure_some_us=s["pressure_some_us"],
+    )
 
 
 def load_bundle(directory: Path | str) -> Bundle:
+    """Every part read through load.BundleFiles, each value checked as it is taken: a bundle
+    someone else made gives a Bundle, or one line (BadBundle; PermissionDenied for a part this
+    user may not read), nothing else."""
     directory = Path(directory)
-    manifest = load_manifest(directory)
-    return Bundle(
-        directory,
-        manifest,
-        _proc(directory),
-        _pyspy(directory, manifest) or python_samples_from_ebpf(directory, manifest),
-        _perf(directory, manifest),
-        _sched(directory, manifest),
-        _cgroup(directory),
-    )
+    with BundleFiles(directory) as files:
+        manifest = files.manifest()
+        return Bundle(
+            directory,
+            manifest.data,
+            _proc(files),
+            _pyspy(files, manifest) or python_samples_from_ebpf(files, manifest),
+            _perf(files, manifest),
+            _sched(files, manifest),
+            _cgroup(files),
+        )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import BadBundle, OutputError
+from ..errors import OutputError
 from ..host.target import Target, pool_threads
 from .parts import (
     EBPF,
@@ -30,12 +30,11 @@ from .parts import (
     PERF_STAT_CSV,
     PYSPY,
     PYSPY_TRACES,
+    SCHEMA_VERSION,
     TOOL_STDOUT,
     CollectorResult,
 )
 from .safefile import replace_file
-
-SCHEMA_VERSION = 1
 
 
 def create_directory(path: Path) -> int:
@@ -197,41 +196,6 @@ def new_manifest(
         "window": {},
         "collectors": {},
     }
-
-
-def load_manifest(directory: Path) -> dict:
-    path = Path(directory) / MANIFEST
-    if not Path(directory).is_dir():
-        raise BadBundle(f"{directory} is not a bundle directory")
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise BadBundle(f"{directory} has no {MANIFEST}") from exc
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadBundle(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(manifest, dict) or "schema_version" not in manifest:
-        raise BadBundle(f"{path} is not a profkit manifest")
-    if manifest["schema_version"] > SCHEMA_VERSION:
-        raise BadBundle(
-            f"{path} has schema {manifest['schema_version']}; this profkit reads "
-            f"up to {SCHEMA_VERSION}"
-        )
-    return manifest
-
-
-def load_part(directory: Path, name: str) -> dict | None:
-    """A collector's normalised file, or None when it was not captured."""
-    path = Path(directory) / name
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadBundle(f"{path} is truncated or corrupt: {exc}") from exc
-    if not isinstance(data, dict):
-        # A file that is there but holds no table is damage, not a collector that did not run.
-        raise BadBundle(f"{path} holds {json.dumps(data)[:20]}, not a collector's data")
-    return data
 
 
 def directory_size(directory: Path) -> int:

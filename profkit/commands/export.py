@@ -16,7 +16,8 @@ EXTENSIONS = {"folded": ".folded", "speedscope": ".speedscope.json", "pprof": ".
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(file_okay=False))
+# Not click's readable check: the loader says why a bundle cannot be read (exit 5 or 8).
+@click.argument("bundle", type=click.Path(file_okay=False, readable=False))
 @click.option("--format", "fmt", type=click.Choice(list(EXTENSIONS)), required=True)
 @click.option("--view", type=click.Choice(VIEWS), default="merged", show_default=True)
 @click.option("--output", "-o", help="File to write (default: the bundle name + extension).")

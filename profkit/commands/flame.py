@@ -12,13 +12,14 @@ from .output import write_output
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(file_okay=False))
+# Not click's readable check: the loader says why a bundle cannot be read (exit 5 or 8).
+@click.argument("bundle", type=click.Path(file_okay=False, readable=False))
 @click.option("--output", "-o", required=True, help="SVG file to write.")
 @click.option("--view", type=click.Choice(VIEWS), default="merged", show_default=True)
 @click.option(
     "--diff",
     "diff_bundle",
-    type=click.Path(file_okay=False),
+    type=click.Path(file_okay=False, readable=False),
     help="Colour frames by how their share changed against this other bundle.",
 )
 @mode_option

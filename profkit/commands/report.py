@@ -15,7 +15,8 @@ RENDERERS = {"text": render_text, "json": render_json, "html": render_html}
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(file_okay=False))
+# Not click's readable check: the loader says why a bundle cannot be read (exit 5 or 8).
+@click.argument("bundle", type=click.Path(file_okay=False, readable=False))
 @click.option(
     "--format", "fmt", type=click.Choice(list(RENDERERS)), default="text", show_default=True
 )

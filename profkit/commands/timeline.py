@@ -11,7 +11,8 @@ from .output import write_output
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(file_okay=False))
+# Not click's readable check: the loader says why a bundle cannot be read (exit 5 or 8).
+@click.argument("bundle", type=click.Path(file_okay=False, readable=False))
 @click.option("--output", "-o", required=True, help="Trace JSON file to write.")
 @mode_option
 def timeline(bundle: str, output: str, mode: int) -> None:
