@@ -19,7 +19,7 @@ for bundle in "$copies"/*/; do
   done
   for view in merged python workers offcpu; do
     "$profkit" flame "$bundle" --view "$view" -o "$out/$name.flame.$view.svg" >/dev/null
-    for fmt in folded speedscope pprof; do
+    for fmt in folded speedscope pprof pstats; do
       "$profkit" export "$bundle" --view "$view" --format "$fmt" -o "$out/$name.$view.$fmt" >/dev/null
     done
   done

@@ -1,4 +1,4 @@
-"""`profkit export BUNDLE --format folded|speedscope|pprof`: standard formats for other tools."""
+"""`profkit export BUNDLE --format folded|speedscope|pprof|pstats`: formats for other tools."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ import click
 
 from ..analysis.pipeline import analyse_bundle
 from ..analysis.stacks import VIEWS, build
-from ..render.exports import folded, pprof, speedscope
+from ..render.exports import folded, pprof, pstats, speedscope
 from .options import mode_option
 from .output import write_output
 
-EXTENSIONS = {"folded": ".folded", "speedscope": ".speedscope.json", "pprof": ".pb.gz"}
+EXTENSIONS = {
+    "folded": ".folded",
+    "speedscope": ".speedscope.json",
+    "pprof": ".pb.gz",
+    "pstats": ".prof",
+}
 
 
 @click.command()
@@ -23,12 +28,15 @@ EXTENSIONS = {"folded": ".folded", "speedscope": ".speedscope.json", "pprof": ".
 @click.option("--output", "-o", help="File to write (default: the bundle name + extension).")
 @mode_option
 def export(bundle: str, fmt: str, view: str, output: str | None, mode: int) -> None:
-    """Export stacks as folded text, speedscope JSON or gzipped pprof."""
+    """Export stacks as folded text, speedscope JSON, gzipped pprof or a pstats file (what
+    cProfile writes: pstats, snakeviz, flameprof and gprof2dot read it)."""
     report = analyse_bundle(bundle)
     stacks = build(report, view)
     path = Path(output or (Path(bundle).name + EXTENSIONS[fmt]))
     if fmt == "pprof":
         data: str | bytes = pprof(stacks)
+    elif fmt == "pstats":
+        data = pstats(stacks)
     elif fmt == "speedscope":
         data = speedscope(stacks, f"profkit {view} {Path(bundle).name}")
     else:

@@ -1,11 +1,13 @@
-"""Standard exports of the weighted stacks: folded, speedscope and pprof."""
+"""Standard exports of the weighted stacks: folded, speedscope, pprof and pstats."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import marshal
+import re
 
-from ..analysis.stacks import Stack, Stacks
+from ..analysis.stacks import PYTHON, Node, Stack, Stacks
 
 SPEEDSCOPE_SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
@@ -111,3 +113,60 @@ def pprof(stacks: Stacks) -> bytes:
     for text in strings:  # every string is registered by now; index 0 is ""
         body += _field(6, text.encode())
     return gzip.compress(bytes(body))
+
+
+# A Python node's name as analysis/stacks.py writes it: "function (file.py:line)".
+PY_NODE = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*):(?P<line>\d+)\)$")
+PstatsKey = tuple[str, int, str]
+
+
+def pstats_key(node: Node) -> PstatsKey:
+    """(file, line, function) as cProfile names a function; native and synthetic frames as
+    cProfile names built-ins, ("~", 0, name)."""
+    found = PY_NODE.match(node.name) if node.kind == PYTHON else None
+    if found:
+        return (found["file"], int(found["line"]), found["function"])
+    return ("~", 0, node.name)
+
+
+def pstats(stacks: Stacks) -> bytes:
+    """The view as a marshalled pstats table (what cProfile's dump_stats writes), in seconds.
+
+    Sampled stacks carry no call counts: each stack a function appears in counts as one call
+    (primitive calls: those not already on the stack below it). A function's own time is its
+    weight as the leaf; its cumulative time counts each stack once however often it recurses.
+    """
+    table: dict[PstatsKey, list] = {}  # key -> [cc, nc, tt, ct, callers]
+
+    def entry(key: PstatsKey) -> list:
+        return table.setdefault(key, [0, 0, 0.0, 0.0, {}])
+
+    for stack, seconds in stacks.weights.items():
+        if seconds <= 0 or not stack:
+            continue
+        keys = [pstats_key(n) for n in stack]
+        seen: set[PstatsKey] = set()
+        for depth, key in enumerate(keys):
+            row = entry(key)
+            leaf = depth == len(keys) - 1
+            recursive = key in seen
+            row[1] += 1
+            if not recursive:
+                row[0] += 1
+                row[3] += seconds
+            if leaf:
+                row[2] += seconds
+            if depth:
+                caller = row[4].setdefault(keys[depth - 1], [0, 0, 0.0, 0.0])
+                caller[1] += 1
+                caller[0] += 0 if recursive else 1
+                caller[2] += seconds if leaf else 0.0
+                caller[3] += 0.0 if recursive else seconds
+            seen.add(key)
+    if not table:  # pstats cannot load an empty table: an empty view is one empty entry
+        entry(("~", 0, "[no samples]"))
+    frozen = {
+        key: (cc, nc, tt, ct, {k: tuple(v) for k, v in callers.items()})
+        for key, (cc, nc, tt, ct, callers) in table.items()
+    }
+    return marshal.dumps(frozen)

@@ -37,7 +37,7 @@ def outputs() -> Iterator[tuple[str, list[str]]]:
         yield f"report.{fmt}", ["report", "{bundle}", "--format", fmt, "-o", "{out}"]
     for view in VIEWS:
         yield f"flame.{view}.svg", ["flame", "{bundle}", "--view", view, "-o", "{out}"]
-        for fmt in ("folded", "speedscope", "pprof"):
+        for fmt in ("folded", "speedscope", "pprof", "pstats"):
             yield (
                 f"{view}.{fmt}",
                 ["export", "{bundle}", "--view", view, "--format", fmt, "-o", "{out}"],
