@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..bundle.read import PyFrame, PySpySpans, SchedData
+from ..bundle.read import EbpfData, Frame, PythonSamples
 from .frames import KERNEL_OPS, aten_op, is_openmp_frame
 
 # py-spy stamps a sample after unwinding it, a little after the moment the thread was stopped.
@@ -34,19 +34,8 @@ NONBLOCKING_TOLERANCE_NS = 500_000
 
 
 @dataclass(frozen=True)
-class Site:
-    file: str
-    line: int
-    function: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.file}:{self.line}"
-
-
-@dataclass(frozen=True)
 class SiteShare:
-    site: Site
+    site: Frame
     op: str | None
     op_source: str
     share: float
@@ -54,7 +43,7 @@ class SiteShare:
     regions: int
     samples: int
     code: str | None
-    stack: tuple[PyFrame, ...] = ()  # the site's Python stack, outermost first (stack method)
+    stack: tuple[Frame, ...] = ()  # the site's Python stack, outermost first (stack method)
 
 
 @dataclass(frozen=True)
@@ -71,20 +60,20 @@ class Attribution:
 @dataclass(frozen=True)
 class StackInfo:
     in_region: bool
-    site: Site | None
+    site: Frame | None
     op: str | None
 
 
-def stack_info(spans: PySpySpans, stack_id: int) -> StackInfo:
+def stack_info(spans: PythonSamples, stack_id: int) -> StackInfo:
     frames = [spans.frames[i] for i in spans.stacks[stack_id]]
-    in_region = any(is_openmp_frame(f.name, f.file) for f in frames)
+    in_region = any(is_openmp_frame(f.function, f.file) for f in frames)
     python = [f for f in frames if f.is_python]
-    site = Site(python[-1].file, python[-1].line, python[-1].name) if python else None
-    return StackInfo(in_region, site, aten_op([f.name for f in frames]))
+    site = Frame(python[-1].file, python[-1].function, python[-1].line) if python else None
+    return StackInfo(in_region, site, aten_op([f.function for f in frames]))
 
 
 def expand_weighted(
-    spans: PySpySpans, tids: set[int]
+    spans: PythonSamples, tids: set[int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(tid, time, stack, seconds) of every sample inside the merged py-spy spans."""
     mask = np.isin(spans.tid, list(tids))
@@ -103,13 +92,15 @@ def expand_weighted(
     )
 
 
-def expand_samples(spans: PySpySpans, tids: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def expand_samples(
+    spans: PythonSamples, tids: set[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tid, time, stack) of every sample inside the merged py-spy spans of these threads."""
     tid, times, stacks, _ = expand_weighted(spans, tids)
     return tid, times, stacks
 
 
-def span_sample_counts(spans: PySpySpans, mask: np.ndarray) -> np.ndarray:
+def span_sample_counts(spans: PythonSamples, mask: np.ndarray) -> np.ndarray:
     """How many samples each selected span stands for, at its own rate."""
     rates = np.where(spans.span_rate_hz[mask] > 0, spans.span_rate_hz[mask], spans.rate_hz)
     interval = 1e9 / np.maximum(1, rates)
@@ -117,7 +108,7 @@ def span_sample_counts(spans: PySpySpans, mask: np.ndarray) -> np.ndarray:
     return np.maximum(1, np.rint(spans_ns / interval)).astype(np.int64)
 
 
-def _inside_regions(sched: SchedData, times: np.ndarray, tolerance: int) -> np.ndarray:
+def _inside_regions(sched: EbpfData, times: np.ndarray, tolerance: int) -> np.ndarray:
     order = np.argsort(sched.region_start)
     starts, ends = sched.region_start[order], sched.region_end[order]
     index = np.searchsorted(starts, times + tolerance, side="right") - 1
@@ -128,7 +119,7 @@ def _inside_regions(sched: SchedData, times: np.ndarray, tolerance: int) -> np.n
 
 
 def _worker_time_per_region(
-    sched: SchedData, workers: set[int], starts: np.ndarray, window: tuple[int, int]
+    sched: EbpfData, workers: set[int], starts: np.ndarray, window: tuple[int, int]
 ) -> np.ndarray:
     mask = (
         np.isin(sched.slice_tid, list(workers))
@@ -166,7 +157,7 @@ def _clip(
     return starts[keep], ends[keep], opened[keep]
 
 
-def probed_share(sched: SchedData, window: tuple[int, int]) -> float:
+def probed_share(sched: EbpfData, window: tuple[int, int]) -> float:
     """The part of the window the region probes were on: 1 unless they were switched."""
     if not sched.region_on or window[1] <= window[0]:
         return 1.0
@@ -208,8 +199,8 @@ def outer_calls(code: str) -> list[str]:
 
 
 def attribute(
-    spans: PySpySpans | None,
-    sched: SchedData | None,
+    spans: PythonSamples | None,
+    sched: EbpfData | None,
     dispatchers: set[int],
     workers: set[int],
     pool_cores: float,
@@ -259,7 +250,7 @@ def attribute(
     sample_sites = [info.site for info in sample_infos if info.site is not None]
     sample_ops = [info.op for info in sample_infos]
     site_samples = Counter(sample_sites)
-    ops_by_site: dict[Site, Counter[str | None]] = {}
+    ops_by_site: dict[Frame, Counter[str | None]] = {}
     for site, op in zip(sample_sites, sample_ops, strict=True):
         ops_by_site.setdefault(site, Counter())[op] += 1
     weights, regions_by_site, method, reason, labelled = _aligned(
@@ -295,14 +286,14 @@ def attribute(
 
 
 def _aligned(
-    sched: SchedData | None,
+    sched: EbpfData | None,
     tids: np.ndarray,
     times: np.ndarray,
-    sites: Sequence[Site | None],
+    sites: Sequence[Frame | None],
     dispatchers: set[int],
     workers: set[int],
     window: tuple[int, int],
-) -> tuple[dict[Site, float], dict[Site, int], str, str, float]:
+) -> tuple[dict[Frame, float], dict[Frame, int], str, str, float]:
     if sched is None or not sched.uprobes_attached or len(sched.region_start) == 0:
         return {}, {}, "proportional", "no OpenMP region probes: split by sampled call sites", 0.0
     mask = (sched.region_start >= window[0]) & (sched.region_start <= window[1])
@@ -313,7 +304,7 @@ def _aligned(
     ends = sched.region_end[mask][order]
     if len(starts) == 0:
         return {}, {}, "proportional", "no region from the dispatching threads", 0.0
-    region_sites: dict[int, Counter[Site]] = {}
+    region_sites: dict[int, Counter[Frame]] = {}
     index = np.searchsorted(starts, times + ALIGN_TOLERANCE_NS, side="right") - 1
     for i, (region, t) in enumerate(zip(index, times, strict=True)):
         sample_site = sites[i]
@@ -326,8 +317,8 @@ def _aligned(
     else:
         # Scheduler not traced: weigh each region by its length, as a whole team runs it.
         worker_ns = (np.minimum(ends, window[1]) - np.maximum(starts, window[0])).astype(float)
-    weights: dict[Site, float] = {}
-    regions_by_site: Counter[Site] = Counter()
+    weights: dict[Frame, float] = {}
+    regions_by_site: Counter[Frame] = Counter()
     for region, votes in region_sites.items():
         site = votes.most_common(1)[0][0]
         weights[site] = weights.get(site, 0.0) + float(worker_ns[region])
@@ -344,7 +335,7 @@ def _aligned(
 
 
 def _regions_in_window(
-    sched: SchedData, dispatchers: set[int], window: tuple[int, int]
+    sched: EbpfData, dispatchers: set[int], window: tuple[int, int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, end, stack index) of the dispatchers' regions that start in the window, in
     start order."""
@@ -360,7 +351,7 @@ def _regions_in_window(
 
 
 def by_stack(
-    sched: SchedData,
+    sched: EbpfData,
     dispatchers: set[int],
     workers: set[int],
     pool_cores: float,
@@ -379,15 +370,15 @@ def by_stack(
     else:
         worker_ns = (np.minimum(ends, window[1]) - np.maximum(starts, window[0])).astype(float)
         weighed = " (regions weighed by length: the scheduler was not traced)"
-    site_of: dict[int, Site] = {}
+    site_of: dict[int, Frame] = {}
     for index in np.unique(stacks[known]):
         frames = sched.python_stacks[int(index)].frames
         inner = frames[-1]
-        site_of[int(index)] = Site(inner.file, inner.line, inner.function)
-    weights: dict[Site, float] = {}
-    regions: Counter[Site] = Counter()
+        site_of[int(index)] = Frame(inner.file, inner.function, inner.line)
+    weights: dict[Frame, float] = {}
+    regions: Counter[Frame] = Counter()
     # The stack that dispatched most of a site's regions stands for the site.
-    stack_regions: dict[Site, Counter[int]] = {}
+    stack_regions: dict[Frame, Counter[int]] = {}
     for index, ns in zip(stacks[known], worker_ns[known], strict=True):
         site = site_of[int(index)]
         weights[site] = weights.get(site, 0.0) + float(ns)

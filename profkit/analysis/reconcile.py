@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..bundle.read import PerfSamples, PySpySpans
+from ..bundle.read import PerfSamples, PythonSamples
 from .attribution import expand_weighted, span_sample_counts
 from .cpu import CpuWindow
 from .roles import OTHER, PYTHON, WORKER, ThreadRole
@@ -49,7 +49,7 @@ class Reconciliation:
 def reconcile(
     cpu: CpuWindow,
     roles: tuple[ThreadRole, ...],
-    spans: PySpySpans | None,
+    spans: PythonSamples | None,
     window: tuple[int, int],
     perf: PerfSamples | None = None,
 ) -> Reconciliation:
@@ -136,11 +136,11 @@ def _perf_python_fraction(
     return interpreted / int(mask.sum())
 
 
-def _leaf_is_python(spans: PySpySpans, stack_id: int) -> bool:
+def _leaf_is_python(spans: PythonSamples, stack_id: int) -> bool:
     stack = spans.stacks[stack_id]
     return bool(stack) and spans.frames[stack[-1]].is_python
 
 
-def _idle_leaf(spans: PySpySpans, stack_id: int) -> bool:
+def _idle_leaf(spans: PythonSamples, stack_id: int) -> bool:
     stack = spans.stacks[stack_id]
-    return bool(stack) and bool(IDLE_LEAF.search(spans.frames[stack[-1]].name))
+    return bool(stack) and bool(IDLE_LEAF.search(spans.frames[stack[-1]].function))

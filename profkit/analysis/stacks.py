@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..bundle.read import Frame, PerfSamples, PySpySpans
+from ..bundle.read import Frame, PerfSamples, PythonSamples
 from .attribution import expand_weighted
 from .frames import KERNEL_DSO, OPENMP_DSOS, OPENMP_WAIT, aten_kernel
 from .pipeline import Report
@@ -57,9 +57,9 @@ class Stacks:
 def _py_node(frame: Frame) -> Node:
     if frame.is_python:
         short = frame.file.rsplit("/", 1)[-1]
-        return Node(f"{frame.name} ({short}:{frame.line})", PYTHON)
+        return Node(f"{frame.function} ({short}:{frame.line})", PYTHON)
     kind = RUNTIME if OPENMP_DSOS.search(frame.file) else NATIVE
-    return Node(frame.name, kind)
+    return Node(frame.function, kind)
 
 
 def _perf_node(symbol: str, dso: str) -> Node:
@@ -74,7 +74,7 @@ def _perf_node(symbol: str, dso: str) -> Node:
 
 
 def py_thread_stacks(
-    spans: PySpySpans, tid: int, window: tuple[int, int], idle: bool | None = None
+    spans: PythonSamples, tid: int, window: tuple[int, int], idle: bool | None = None
 ) -> Weights:
     """Sampled seconds per stack of one thread (idle: only waiting samples, or only active)."""
     _, times, stacks, seconds = expand_weighted(spans, {tid})
@@ -84,7 +84,7 @@ def py_thread_stacks(
     sums = np.bincount(inverse, weights=seconds[keep], minlength=len(ids))
     for stack_id, total in zip(ids, sums, strict=True):
         frames = [spans.frames[i] for i in spans.stacks[int(stack_id)]]
-        is_idle = bool(frames) and bool(IDLE_LEAF.search(frames[-1].name))
+        is_idle = bool(frames) and bool(IDLE_LEAF.search(frames[-1].function))
         if idle is not None and is_idle != idle:
             continue
         stack = tuple(_py_node(f) for f in frames)
@@ -187,7 +187,7 @@ def _merged(
             (
                 s.share,
                 # The stack method carries the site's real Python stack from the region probes.
-                tuple(_py_node(Frame(f.function, f.file, f.line)) for f in s.stack)
+                tuple(_py_node(f) for f in s.stack)
                 or _site_stack(bundle.pyspy, s.site.file, s.site.line, window),
             )
             for s in sites
@@ -215,7 +215,9 @@ def _merged(
         )
 
 
-def _site_stack(spans: PySpySpans | None, file: str, line: int, window: tuple[int, int]) -> Stack:
+def _site_stack(
+    spans: PythonSamples | None, file: str, line: int, window: tuple[int, int]
+) -> Stack:
     """The dispatching stack: the most sampled in-region stack ending at this Python line."""
     if spans is None:
         return (Node(f"{file}:{line}", PYTHON),)
@@ -259,7 +261,7 @@ def _offcpu(
         for tid, index, seconds in bundle.sched.python_offcpu:
             label = f"{names.get(tid) or 'thread'} ({tid})"
             frames = bundle.sched.python_stacks[index].frames
-            stack = tuple(_py_node(Frame(f.function, f.file, f.line)) for f in frames)
+            stack = tuple(_py_node(f) for f in frames)
             thread = per_thread.setdefault(label, {})
             thread[stack] = thread.get(stack, 0.0) + seconds
             _add(weights, {stack: seconds}, (Node(label, SYNTHETIC),))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 import numpy as np
 
@@ -44,17 +44,31 @@ class ProcSeries:
 
 @dataclass(frozen=True)
 class Frame:
-    name: str
+    """A frame of a stack, Python or native, as every part of profkit names one."""
+
     file: str  # a .py path for Python frames, the DSO path for native ones
-    line: int
+    function: str  # the function's qualified name, or the native symbol
+    line: int  # 0 where none (native frames)
+    code: str | None = None  # the source line, read from the target's file at capture
 
     @property
     def is_python(self) -> bool:
         return self.file.endswith(".py")
 
+    @property
+    def label(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+PythonSource = Literal["py-spy", "ebpf"]
+NativeSource = Literal["perf record", "eBPF"]
+
 
 @dataclass(frozen=True)
-class PySpySpans:
+class PythonSamples:
+    """The target's Python stacks over time: py-spy's spans, or the eBPF walker's on-CPU
+    samples in the same shape (one span per sample)."""
+
     frames: tuple[Frame, ...]
     stacks: tuple[tuple[int, ...], ...]  # root first
     names: dict[int, str]
@@ -66,7 +80,7 @@ class PySpySpans:
     sources: dict[str, str]
     span_rate_hz: np.ndarray  # each span's own rate (py-spy may be restarted at a lower one)
     span_native: np.ndarray  # 1: sampled with --native (native frames present), 0: --nonblocking
-    source: str = "py-spy"  # or "ebpf": the walker's on-CPU samples, one span per sample
+    source: PythonSource = "py-spy"
 
 
 @dataclass(frozen=True)
@@ -78,29 +92,24 @@ class PerfSamples:
     period_ns: np.ndarray
     stack: np.ndarray
     callgraph: str
-    source: str = "perf record"  # or "eBPF": the walker's sampler, where perf record did not run
-
-
-@dataclass(frozen=True)
-class PyFrame:
-    file: str
-    function: str
-    line: int
-    code: str | None = None  # the source line, read from the target's file at capture
+    source: NativeSource = "perf record"  # "eBPF": the walker's sampler, without perf record
 
 
 @dataclass(frozen=True)
 class PyStack:
     """A Python stack the eBPF walker read at region entries, outermost frame first."""
 
-    frames: tuple[PyFrame, ...]
+    frames: tuple[Frame, ...]
     regions: int
     region_ns: int
     truncated: bool = False
 
 
 @dataclass(frozen=True)
-class SchedData:
+class EbpfData:
+    """Everything the eBPF collector wrote (ebpf.json): scheduler slices and wakeups, parallel
+    regions with their Python stacks, the runtimes probed."""
+
     threads: dict[int, dict[str, int]]
     wakeups: tuple[tuple[int, int, int], ...]
     slice_tid: np.ndarray
@@ -130,7 +139,7 @@ class SchedData:
     # Python threads' time off CPU by the stack they left with: (tid, stack index, seconds).
     python_offcpu: tuple[tuple[int, int, float], ...] = ()
 
-    def for_pool(self, pool: str) -> SchedData:
+    def for_pool(self, pool: str) -> EbpfData:
         """The same data with only the regions of this pool's runtimes."""
         if self.region_pool is None:
             if pool == "openmp":
@@ -173,9 +182,9 @@ class Bundle:
     directory: Path
     manifest: dict
     proc: ProcSeries | None
-    pyspy: PySpySpans | None
+    pyspy: PythonSamples | None
     perf: PerfSamples | None
-    sched: SchedData | None
+    sched: EbpfData | None
     cgroup: CgroupSeries | None
 
     @property
@@ -251,15 +260,15 @@ def _stacks(data: Fields, frames: int) -> tuple[tuple[int, ...], ...]:
     )
 
 
-def _pyspy(files: BundleFiles, manifest: Fields) -> PySpySpans | None:
+def _pyspy(files: BundleFiles, manifest: Fields) -> PythonSamples | None:
     data = files.part(PYSPY)
     if data is None:
         return None
     frames = tuple(
         Frame(
-            need_text(f[0], data.label(f"frames[{i}][0]")),
-            need_text(f[1], data.label(f"frames[{i}][1]")),
-            need_int(f[2], data.label(f"frames[{i}][2]"), minimum=None),
+            file=need_text(f[1], data.label(f"frames[{i}][1]")),
+            function=need_text(f[0], data.label(f"frames[{i}][0]")),
+            line=need_int(f[2], data.label(f"frames[{i}][2]"), minimum=None),
         )
         for i, f in enumerate(_frames(data, 3))
     )
@@ -272,7 +281,7 @@ def _pyspy(files: BundleFiles, manifest: Fields) -> PySpySpans | None:
     ).number("rate_hz", 20)
     span_rate = _fill(spans, "rate_hz", int(rate), count)
     _within_samples(columns["start_ns"], columns["end_ns"], span_rate, int(rate), spans.label(""))
-    return PySpySpans(
+    return PythonSamples(
         frames=frames,
         stacks=stacks,
         names={
@@ -307,9 +316,9 @@ def _within_samples(
         )
 
 
-def _py_frames(stack: Fields) -> tuple[PyFrame, ...]:
+def _py_frames(stack: Fields) -> tuple[Frame, ...]:
     return tuple(
-        PyFrame(
+        Frame(
             frame.text("file"),
             frame.text("function"),
             frame.integer("line", minimum=None),
@@ -334,7 +343,7 @@ def _py_stacks(python: Fields | None) -> tuple[PyStack, ...]:
     )
 
 
-def python_samples_from_ebpf(files: BundleFiles, manifest: Fields) -> PySpySpans | None:
+def python_samples_from_ebpf(files: BundleFiles, manifest: Fields) -> PythonSamples | None:
     """The eBPF walker's on-CPU samples of the Python threads, in py-spy's shape: one span per
     sample, Python frames only (no native frames, as py-spy --nonblocking)."""
     data = files.part(EBPF)
@@ -363,8 +372,8 @@ def python_samples_from_ebpf(files: BundleFiles, manifest: Fields) -> PySpySpans
     stack = need_below(columns["stack"], empty, samples.label("stack"), "python.stacks")
     t_ns = columns["t_ns"]
     rate = int(samples.number("rate_hz", 49))
-    return PySpySpans(
-        frames=tuple(Frame(*key) for key in frames),
+    return PythonSamples(
+        frames=tuple(Frame(file=f, function=name, line=line) for name, f, line in frames),
         stacks=tuple(stacks),
         names={
             tid: thread_names.get(tid, "python")
@@ -416,7 +425,7 @@ def _perf(files: BundleFiles, manifest: Fields) -> PerfSamples | None:
     )
 
 
-def _sched(files: BundleFiles, manifest: Fields) -> SchedData | None:
+def _sched(files: BundleFiles, manifest: Fields) -> EbpfData | None:
     data = files.part(EBPF)
     if data is None:
         return None
@@ -437,7 +446,7 @@ def _sched(files: BundleFiles, manifest: Fields) -> SchedData | None:
     lost = data.table("lost", optional=True)
     decision = data.maybe_table("regions_decision") or Fields({}, data.where, "regions_decision.")
     primary = manifest.table("target", optional=True).maybe_text("openmp_runtime")
-    return SchedData(
+    return EbpfData(
         threads={
             tid: _thread_times(data, tid, times) for tid, times in data.by_tid("threads").items()
         },

@@ -141,12 +141,12 @@ def render_timeline(report: Report) -> str:
                     {
                         "ph": "i",
                         "s": "t",
-                        "name": python[-1].name if python else "py-spy sample",
+                        "name": python[-1].function if python else "py-spy sample",
                         "cat": "py-spy",
                         "pid": pid,
                         "tid": int(tid),
                         "ts": us(int(t)),
-                        "args": {"stack": " > ".join(f.name for f in frames)},
+                        "args": {"stack": " > ".join(f.function for f in frames)},
                     }
                 )
     for item in series(report):

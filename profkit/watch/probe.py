@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 from dataclasses import dataclass
 
+from ..bundle.read import Frame
 from ..capture.ebpf.collector import EbpfCollector
 from ..capture.ebpf.loader import BccUnavailable, load_bcc
 from ..capture.ebpf.pywalk import SHIM_FRAME, resolve_frame
@@ -17,14 +18,6 @@ from ..host.pyruntime import CodeResolver, PyRuntimeUnsupported
 from ..host.pyruntime import thread_states as read_thread_states
 from ..host.target import Target
 from ..host.targetfs import SourceLines
-
-
-@dataclass(frozen=True)
-class PyFrameInfo:
-    file: str
-    function: str
-    line: int
-    code: str | None
 
 
 @dataclass(frozen=True)
@@ -50,7 +43,7 @@ class RegionProbe:
         self.reason = ""
         self.walker_reason = ""
         self._collector: EbpfCollector | None = None
-        self._frames: dict[int, tuple[PyFrameInfo, ...]] = {}
+        self._frames: dict[int, tuple[Frame, ...]] = {}
 
     @property
     def bpf(self) -> object | None:
@@ -128,7 +121,7 @@ class RegionProbe:
         c = self._collector
         return c.walker.counts() if self.walker_on and c and c.walker else {}
 
-    def stacks(self) -> dict[int, tuple[StackCounts, tuple[PyFrameInfo, ...]]]:
+    def stacks(self) -> dict[int, tuple[StackCounts, tuple[Frame, ...]]]:
         """Every stack seen so far with its cumulative counts; frames resolved once per id."""
         bpf = self.bpf
         if bpf is None or not self.walker_on:
@@ -172,15 +165,8 @@ class RegionProbe:
                 for i in reversed(range(depth)):
                     if int(value.instr[i]) & SHIM_FRAME:
                         continue
-                    f = resolve_frame(resolver, sources, int(value.code[i]), int(value.instr[i]))
-                    # resolve_frame returns dict[str, object].
                     frames.append(
-                        PyFrameInfo(
-                            str(f["file"]),
-                            str(f["function"]),
-                            int(f["line"]),  # type: ignore[call-overload]  # an int, typed object
-                            f["code"],  # type: ignore[arg-type]  # str or None, typed object
-                        )
+                        resolve_frame(resolver, sources, int(value.code[i]), int(value.instr[i]))
                     )
                 self._frames[stack_id] = tuple(frames)
         finally:

@@ -21,7 +21,7 @@ from ..analysis.attribution import _resolve_op
 from ..errors import ProfkitError
 from ..host import procfs
 from ..host.target import Target, inspect, pool_threads
-from .probe import NoProbe, PyFrameInfo, RegionProbe, StackCounts
+from .probe import Frame, NoProbe, RegionProbe, StackCounts
 
 POOL_NAME = {"libgomp": "openmp", "libiomp5": "openmp"}
 UNKNOWN_SITE = "unknown"
@@ -49,7 +49,7 @@ class ProcessWindow:
     team_size: int  # workers seen + the dispatching thread, else the configured pool
     team_source: str
     site_cpu: dict[SiteKey, float]
-    site_stacks: dict[SiteKey, tuple[PyFrameInfo, ...]]
+    site_stacks: dict[SiteKey, tuple[Frame, ...]]
     python_threads: dict[str, float]  # "name (tid)" -> CPU seconds
     other_threads: dict[str, float]
 
@@ -59,7 +59,7 @@ class ProcessWindow:
 WALK_FAILURES = ("no_thread_state", "read_failures", "no_python_frame")
 
 
-def _regions_with_frames(stacks: dict[int, tuple[StackCounts, tuple[PyFrameInfo, ...]]]) -> int:
+def _regions_with_frames(stacks: dict[int, tuple[StackCounts, tuple[Frame, ...]]]) -> int:
     return sum(counts.regions for counts, frames in stacks.values() if frames)
 
 
@@ -277,7 +277,7 @@ class WatchedProcess:
             if t not in self._python_tids and t not in members and d > 0
         }
         site_ns: dict[SiteKey, float] = {}
-        site_stacks: dict[SiteKey, tuple[PyFrameInfo, ...]] = {}
+        site_stacks: dict[SiteKey, tuple[Frame, ...]] = {}
         for stack_id, (counts, frames) in stacks.items():
             grown = counts.region_ns - self._stacks.get(stack_id, 0)
             if grown <= 0 or not frames:
@@ -333,7 +333,7 @@ class WatchedProcess:
         self.probe.close()
 
 
-def site_key(frames: tuple[PyFrameInfo, ...]) -> SiteKey:
+def site_key(frames: tuple[Frame, ...]) -> SiteKey:
     inner = frames[-1]
     op, _ = _resolve_op(Counter(), [], inner.code)
     return SiteKey(f"{inner.file}:{inner.line}", inner.function, op or "")

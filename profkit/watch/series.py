@@ -20,7 +20,7 @@ from ..analysis.findings import (
 )
 from ..analysis.throttling import QuotaUse
 from ..host.cgroup import CgroupCpu, CpuStat, recommended_threads
-from .probe import PyFrameInfo
+from .probe import Frame
 from .process import ProcessWindow, SiteKey
 
 TOP_SITES = 10
@@ -149,7 +149,7 @@ class TargetSeries:
         pools: dict[str, list[float]] = {}
         teams: dict[str, int] = {}
         sites: dict[tuple[str, SiteKey], float] = {}
-        stacks: dict[SiteKey, tuple[PyFrameInfo, ...]] = {}
+        stacks: dict[SiteKey, tuple[Frame, ...]] = {}
         for w in windows:
             if w.runtime is None:
                 continue
@@ -284,14 +284,14 @@ def judge(
     return found
 
 
-def site_frame_names(frames: tuple[PyFrameInfo, ...]) -> tuple[str, ...]:
+def site_frame_names(frames: tuple[Frame, ...]) -> tuple[str, ...]:
     return tuple(f"{f.function} ({f.file.rsplit('/', 1)[-1]}:{f.line})" for f in frames)
 
 
 def merged_profile(
     windows: list[ProcessWindow],
     sites: dict[tuple[str, SiteKey], float],
-    stacks: dict[SiteKey, tuple[PyFrameInfo, ...]],
+    stacks: dict[SiteKey, tuple[Frame, ...]],
     teams: dict[str, int],
 ) -> dict[tuple[str, ...], float]:
     """`flame --view merged` from what the watch collectors see: Python threads by name (no

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from profkit.analysis.attribution import _clip, _worker_time_per_region
-from profkit.bundle.read import SchedData
+from profkit.bundle.read import EbpfData
 from profkit.capture.ebpf.duty import PERIOD_S, DutyCycle
 
 
@@ -166,7 +166,7 @@ def test_worker_time_before_an_on_times_first_region_goes_to_no_region() -> None
     def ns(values: list[int]) -> np.ndarray:
         return np.array(values, dtype=np.int64)
 
-    sched = SchedData(
+    sched = EbpfData(
         threads={},
         wakeups=(),
         slice_tid=ns([7, 7, 7, 7]),

@@ -17,8 +17,9 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
+from ...bundle.read import Frame
 from ...host.pyruntime import CodeResolver, Layout, PyRuntimeUnsupported, detect, self_check
 from ...host.pyruntime import thread_states as read_thread_states
 from ...host.targetfs import SourceLines
@@ -162,7 +163,9 @@ class PythonWalker:
             for stack_id, value in raw.items():
                 depth = min(int(value.depth), len(value.code))
                 frames = [
-                    resolve_frame(resolver, sources, int(value.code[i]), int(value.instr[i]))
+                    asdict(
+                        resolve_frame(resolver, sources, int(value.code[i]), int(value.instr[i]))
+                    )
                     for i in reversed(range(depth))  # outermost first, as flame graphs draw
                     if not int(value.instr[i]) & SHIM_FRAME
                 ]
@@ -193,19 +196,12 @@ class PythonWalker:
         return payload, index
 
 
-def resolve_frame(
-    resolver: CodeResolver, sources: SourceLines, code: int, instr: int
-) -> dict[str, object]:
+def resolve_frame(resolver: CodeResolver, sources: SourceLines, code: int, instr: int) -> Frame:
     if instr == NOT_STARTED:
         instr = -1
     info = resolver.resolve(code)
     if info is None:
         # Freed, reused or unreadable since the region: the frame is kept, unnamed.
-        return {"file": "<unknown>", "function": "<unknown>", "line": 0, "code": None}
+        return Frame("<unknown>", "<unknown>", 0)
     line = resolver.line(code, instr) or 0
-    return {
-        "file": info.filename,
-        "function": info.qualname or info.name,
-        "line": line,
-        "code": sources.line(info.filename, line),
-    }
+    return Frame(info.filename, info.qualname or info.name, line, sources.line(info.filename, line))
