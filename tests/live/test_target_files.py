@@ -20,6 +20,7 @@ from profkit.watch.labels import kubernetes
 from recipes.launch import attach_command
 
 from ..support import NOBODY, ROOT, profkit
+from ..watch_support import agent
 
 pytestmark = [
     pytest.mark.root,
@@ -29,7 +30,9 @@ AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-group
 SECRET = "SECRET_TOKEN_9f3a"
 PUBLIC = "PUBLIC_TOKEN_51c7"
 # Line 2 is the line each hot function's copy runs on: what a report quotes as its code.
-SOURCE = "def hot(d, s):\n    d.copy_(s)  # {token} = aten_{token}()\n"
+# The comment's call is what a site's op is read from (the last call on the line): a line read
+# would reach the metrics as op="aten::<token>".
+SOURCE = "def hot(d, s):\n    d.copy_(s)  # .{token}()\n"
 
 # Two hot functions dispatching OpenMP regions, whose code objects name the files given.
 TARGET = f"""
@@ -195,6 +198,33 @@ def test_a_root_only_file_a_hot_function_names_appears_nowhere(
         assert PUBLIC in text
         assert SECRET not in text
         assert str(places["secret"]) in text  # the frame is kept, named, without its code
+    finally:
+        stop(target)
+
+
+def test_a_root_only_file_a_hot_function_names_stays_out_of_the_metrics(
+    places: dict[str, Path],
+) -> None:
+    target = nobody_process(
+        sys.executable, "-c", TARGET, str(places["public"]), str(places["secret"])
+    )
+    try:
+        assert target.stdout is not None and target.stdout.readline() == "ready\n"
+        with agent("--pid", str(target.pid), "--interval", "1") as a:
+            a.wait_serving()
+            deadline = time.monotonic() + 60
+            metrics = ""
+            # Both hot functions' sites once the walker has read them: the public one's line
+            # is quoted, so the secret one's would be too if profkit read it.
+            while time.monotonic() < deadline and not (
+                str(places["secret"]) in metrics and PUBLIC in metrics
+            ):
+                time.sleep(0.5)
+                metrics = a.metrics()
+            assert str(places["secret"]) in metrics and PUBLIC in metrics, a.output + metrics
+            assert SECRET not in metrics and SECRET not in a.output
+            code, took = a.terminate()
+        assert code == 0 and took < 5
     finally:
         stop(target)
 
