@@ -1,6 +1,6 @@
 """How well py-spy's samples line up with the eBPF region probes on the bundle clock.
 
-    .venv/bin/python benchmarks/alignment.py [--rate 50] [--seconds 8]
+    .venv/bin/python -m benchmarks.alignment [--rate 50] [--seconds 8]
 
 The fan-out recipe copies a large tensor (one long OpenMP region) and then sleeps as long, so
 regions and gaps alternate. A py-spy sample whose native stack is inside the OpenMP runtime was
@@ -20,12 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from profkit.analysis.attribution import expand_samples, stack_info  # noqa: E402
-from profkit.bundle.read import load_bundle  # noqa: E402
-from recipes.launch import attach_command  # noqa: E402
+from benchmarks.common import ROOT, fanout_command
+from profkit.analysis.attribution import expand_samples, stack_info
+from profkit.bundle.read import load_bundle
+from recipes.launch import attach_command
 
 
 def offsets(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -49,16 +47,9 @@ def main() -> int:
     parser.add_argument("--pause-ms", type=float, default=40.0)
     args = parser.parse_args()
     recipe = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "recipes/shm_fanout.py"),
-            "--threads",
-            "2",
-            "--tensor-mb",
-            str(args.tensor_mb),
-            "--pause-ms",
-            str(args.pause_ms),
-        ],
+        fanout_command(
+            "--threads", "2", "--tensor-mb", str(args.tensor_mb), "--pause-ms", str(args.pause_ms)
+        ),
         stdout=subprocess.DEVNULL,
     )
     time.sleep(3)

@@ -1,6 +1,6 @@
 """Analysis and rendering speed on a large bundle, per million samples.
 
-    .venv/bin/python benchmarks/analysis_speed.py [--scale 40]
+    .venv/bin/python -m benchmarks.analysis_speed [--scale 40]
 
 A recorded bundle (tests/data/fanout_quota, 3 s of an 8-thread pool) is tiled in time and over
 64 worker threads until it has about the samples of a 30 s capture of a 64-thread pool: perf
@@ -19,13 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from profkit.analysis.pipeline import analyse_bundle  # noqa: E402
-from profkit.analysis.stacks import build  # noqa: E402
-from profkit.capture.collectors.perfrecord import parse_script  # noqa: E402
-from profkit.render.flame_svg import render_svg  # noqa: E402
+from benchmarks.common import ROOT
+from profkit.analysis.pipeline import analyse_bundle
+from profkit.analysis.stacks import build
+from profkit.capture.collectors.perfrecord import parse_script
+from profkit.render.flame_svg import render_svg
 
 SOURCE = ROOT / "tests/data/fanout_quota"
 

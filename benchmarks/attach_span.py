@@ -1,7 +1,7 @@
 """A whole `profkit attach`, start-up and teardown included: command-to-prompt time, and what
 the span that contains it costs the target.
 
-    .venv/bin/python benchmarks/attach_span.py [--target fanout] [--threads 8] [--rounds 3]
+    .venv/bin/python -m benchmarks.attach_span [--target fanout] [--threads 8] [--rounds 3]
         [--duration 5] [--span 12] [--collectors all]
 
 The target runs throughout. Spans of --span seconds alternate: bare, then one that starts a
@@ -26,12 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from overhead import ROOT, TARGETS, stop_targets  # the targets, their progress readers
-
-sys.path.insert(0, str(ROOT))
-
+from benchmarks.common import ROOT, TARGETS, alternate, bare_around, running, sleep_in_child
 from recipes.launch import attach_command
 
 
@@ -72,7 +67,7 @@ def span(
     if kind == "attach":
         timing = attach(pid, duration, collectors)
     elif kind == "noop":
-        subprocess.run([sys.executable, "-c", f"import time; time.sleep({last_prompt_s})"])
+        sleep_in_child(last_prompt_s)
     remaining = seconds - (time.monotonic_ns() - start) / 1e9
     if remaining < 0:
         raise SystemExit(f"the attach took longer than --span {seconds:g} s: raise --span")
@@ -90,23 +85,26 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--collectors", help="attach's --collectors (default: its default set)")
     args = parser.parse_args()
-    pid, progress, processes = TARGETS[args.target](args.threads)
-    spans = []
-    try:
+    with running(args.target, args.threads) as (pid, progress):
+        last = args.duration + 3.0  # the A/A control sleeps as long as the last attach took
+
+        def run(kind: str) -> tuple:
+            nonlocal last
+            done = span(kind, pid, args.span, args.duration, last, args.collectors)
+            if kind == "attach":
+                last = done[3]["prompt_s"]
+            return done
+
         time.sleep(args.warmup)
-        order = random.Random(args.threads)
-        last = args.duration + 3.0
-        spans.append(span("bare", pid, args.span, args.duration, last, args.collectors))
-        for _ in range(args.rounds):
-            for kind in order.sample(["attach", "noop"], 2):
-                spans.append(span(kind, pid, args.span, args.duration, last, args.collectors))
-                if kind == "attach":
-                    last = spans[-1][3]["prompt_s"]
-                spans.append(span("bare", pid, args.span, args.duration, last, args.collectors))
+        spans = alternate(
+            ["attach", "noop"],
+            random.Random(args.threads),
+            lambda: run("bare"),
+            run,
+            rounds=args.rounds,
+        )
         time.sleep(0.2)
-        rates = [(kind, progress.rate_between(s, e), t) for kind, s, e, t in spans]
-    finally:
-        stop_targets(processes)
+        rates = [progress.rate_between(s, e) for _, s, e, _ in spans]
     print(
         f"# {args.target}, {args.threads} threads, {args.rounds} rounds, attach --duration "
         f"{args.duration:g} inside {args.span:g}-s spans, collectors "
@@ -114,10 +112,10 @@ def main() -> int:
     )
     ratios: dict[str, list[float]] = {"attach": [], "noop": []}
     timings: list[dict[str, float]] = []
-    for index, (kind, rate, timing) in enumerate(rates):
+    for index, (kind, _, _, timing) in enumerate(spans):
         if kind == "bare":
             continue
-        ratio = rate / ((rates[index - 1][1] + rates[index + 1][1]) / 2)
+        ratio = rates[index] / bare_around(rates, index)
         ratios[kind].append(ratio)
         if kind == "attach":
             timings.append(timing)

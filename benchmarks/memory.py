@@ -1,6 +1,6 @@
 """profkit's own peak memory during a capture of a large pool.
 
-    .venv/bin/python benchmarks/memory.py [--threads 64] [--seconds 60]
+    .venv/bin/python -m benchmarks.memory [--threads 64] [--seconds 60]
 
 Polls VmHWM (peak resident set) of `profkit attach` and of each tool it starts, and prints the
 peaks and the bundle's size.
@@ -15,10 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from recipes.launch import attach_command  # noqa: E402
+from benchmarks.common import ROOT, fanout_command
+from recipes.launch import attach_command
 
 
 def peak_kib(pid: int) -> int:
@@ -44,8 +42,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
     recipe = subprocess.Popen(
-        [sys.executable, str(ROOT / "recipes/shm_fanout.py"), "--threads", str(args.threads)],
-        stdout=subprocess.DEVNULL,
+        fanout_command("--threads", str(args.threads)), stdout=subprocess.DEVNULL
     )
     time.sleep(3)
     peaks: dict[str, int] = {}

@@ -1,6 +1,6 @@
 """What profiling costs the target: its throughput while profiled ÷ its throughput bare.
 
-    .venv/bin/python benchmarks/overhead.py [--targets fanout,serving] [--threads 8,64]
+    .venv/bin/python -m benchmarks.overhead [--targets fanout,serving] [--threads 8,64]
         [--rounds 3] [--seconds 6] [--configs bare,profkit-default,...] [--json FILE]
 
 Each target (the fan-out recipe's copies/s; the serving recipe's requests/s under a steady load;
@@ -49,10 +49,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from recipes.launch import attach_command  # noqa: E402
+from benchmarks.common import ROOT, TARGETS, alternate, bare_around, running, sleep_in_child
+from profkit.host import procfs
+from recipes.launch import attach_command
 
 PYSPY = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
 DEFAULT_CONFIGS = (
@@ -93,32 +92,6 @@ def parse_config(name: str) -> Config:
 
 
 @dataclass
-class Progress:
-    """A process printing `progress ... done=N t_ns=T` lines, read as they come."""
-
-    process: subprocess.Popen
-    marks: list[tuple[int, int]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith("progress"):
-                fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
-                count = fields.get("copies", fields.get("done", "0"))
-                self.marks.append((int(fields["t_ns"]), int(count)))
-
-    def rate_between(self, start_ns: int, end_ns: int) -> float:
-        inside = [mark for mark in list(self.marks) if start_ns <= mark[0] <= end_ns]
-        if len(inside) < 2 or inside[-1][0] == inside[0][0]:
-            return float("nan")
-        (t0, c0), (t1, c1) = inside[0], inside[-1]
-        return (c1 - c0) / ((t1 - t0) / 1e9)
-
-
-@dataclass
 class CpuTrace:
     """The target's CPU time (user + system, every thread) read ten times a second."""
 
@@ -129,14 +102,12 @@ class CpuTrace:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        tick = os.sysconf("SC_CLK_TCK")
         while True:
             try:
-                with open(f"/proc/{self.pid}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
+                cpu_s = procfs.read_stat(self.pid).cpu_seconds
             except OSError:
                 return  # the target left
-            self.marks.append((time.monotonic_ns(), (int(fields[11]) + int(fields[12])) / tick))
+            self.marks.append((time.monotonic_ns(), cpu_s))
             time.sleep(0.1)
 
     def seconds_between(self, start_ns: int, end_ns: int) -> float:
@@ -152,85 +123,6 @@ class CpuTrace:
             return float("nan")
         (t0, c0), (t1, c1) = marks[index - 1], marks[index]
         return c0 + (c1 - c0) * (when_ns - t0) / max(1, t1 - t0)
-
-
-def spawn(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-
-
-def stop_targets(processes: list[subprocess.Popen]) -> None:
-    """Ctrl-C to each recipe process, as a user stops one; killed if it has not left in 30 s."""
-    for process in processes:
-        process.send_signal(2)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
-def start_fanout(
-    threads: int, tensor_mb: float | None = None
-) -> tuple[int, Progress, list[subprocess.Popen]]:
-    size = ["--tensor-mb", str(tensor_mb)] if tensor_mb else []
-    recipe = spawn(
-        [
-            sys.executable,
-            "-u",
-            "recipes/shm_fanout.py",
-            "--copy",
-            "torch",
-            "--threads",
-            str(threads),
-            "--report-every",
-            "0.05",
-            *size,
-        ]
-    )
-    assert recipe.stdout is not None
-    recipe.stdout.readline()
-    return recipe.pid, Progress(recipe), [recipe]
-
-
-def start_serving(threads: int) -> tuple[int, Progress, list[subprocess.Popen]]:
-    port = 18000 + os.getpid() % 1000
-    front = spawn(
-        [
-            sys.executable,
-            "-u",
-            "-m",
-            "recipes.mm_serving.front",
-            "--port",
-            str(port),
-            "--threads",
-            str(threads),
-        ]
-    )
-    assert front.stdout is not None
-    front.stdout.readline()
-    load = spawn(
-        [
-            sys.executable,
-            "-u",
-            "-m",
-            "recipes.mm_serving.load",
-            "--url",
-            f"http://127.0.0.1:{port}",
-            "--steady",
-            "--concurrency",
-            "4",
-            "--image-size",
-            "256",
-        ]
-    )
-    return front.pid, Progress(load), [load, front]
-
-
-TARGETS: dict[str, Callable[[int], tuple[int, Progress, list[subprocess.Popen]]]] = {
-    "fanout": start_fanout,
-    "serving": start_serving,
-    # 64-KB copies: thousands of small regions a second, over the region probes' budget
-    "flood": lambda threads: start_fanout(threads, tensor_mb=0.0625),
-}
 
 
 def profkit_notes(manifest: dict) -> str:
@@ -269,7 +161,7 @@ def profile(config: Config, pid: int, seconds: float) -> tuple[int, int, str]:
     with tempfile.TemporaryDirectory() as scratch:
         if config.kind == "noop":
             # As long as profkit takes to start, in a child process, then an untouched window.
-            subprocess.run([sys.executable, "-c", "import time; time.sleep(1.5)"], check=True)
+            sleep_in_child(1.5)
             return (*bare_window(seconds), "")
         if config.kind == "burn":
             subprocess.run([sys.executable, "-c", BURN], check=True)
@@ -347,34 +239,38 @@ def measure(
     log: Callable[[str], None],
 ) -> dict[str, list[float]]:
     """Ratios per configuration, and the bare windows' rates under "bare"."""
-    pid, progress, processes = TARGETS[target](threads)
-    cpu = CpuTrace(pid)
-    try:
+    with running(target, threads) as (pid, progress):
+        cpu = CpuTrace(pid)
+
+        def profiled(config: Config) -> tuple[str, int, int, str]:
+            window = (config.name, *profile(config, pid, seconds))
+            time.sleep(0.5)  # let the pool settle after the profiler leaves
+            return window
+
         time.sleep(warmup)
-        shuffled = random.Random(threads)
-        windows: list[tuple[str, int, int, str]] = [("bare", *bare_window(seconds), "")]
-        for _ in range(rounds):
-            for config in shuffled.sample(configs, len(configs)):
-                windows.append((config.name, *profile(config, pid, seconds)))
-                time.sleep(0.5)  # let the pool settle after the profiler leaves
-                windows.append(("bare", *bare_window(seconds), ""))
+        windows = alternate(
+            configs,
+            random.Random(threads),
+            lambda: ("bare", *bare_window(seconds), ""),
+            profiled,
+            rounds=rounds,
+        )
         time.sleep(0.2)
-        rates = [
-            (name, progress.rate_between(start, end), notes) for name, start, end, notes in windows
-        ]
+        rates = [progress.rate_between(start, end) for _, start, end, _ in windows]
         # CPU seconds per unit of work: CPU s/s over units/s
         per_unit = [
             cpu.seconds_between(start, end) / ((end - start) / 1e9) / rate
-            for (_, start, end, _), (_, rate, _) in zip(windows, rates, strict=True)
+            for (_, start, end, _), rate in zip(windows, rates, strict=True)
         ]
-    finally:
-        stop_targets(processes)
-    results: dict[str, list[float]] = {"bare": [rate for name, rate, _ in rates if name == "bare"]}
-    for index, (name, rate, notes) in enumerate(rates):
+    names = [name for name, _, _, _ in windows]
+    results: dict[str, list[float]] = {
+        "bare": [rate for name, rate in zip(names, rates, strict=True) if name == "bare"]
+    }
+    for index, (name, _, _, notes) in enumerate(windows):
         if name != "bare":
-            around = (rates[index - 1][1] + rates[index + 1][1]) / 2
+            rate, around = rates[index], bare_around(rates, index)
             results.setdefault(name, []).append(rate / around)
-            cpu_ratio = per_unit[index] / ((per_unit[index - 1] + per_unit[index + 1]) / 2)
+            cpu_ratio = per_unit[index] / bare_around(per_unit, index)
             results.setdefault(f"{name}:cpu", []).append(cpu_ratio)
             log(
                 f"# {target} threads {threads} {name}: {rate:.2f}/s, bare around "

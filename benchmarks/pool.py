@@ -2,17 +2,18 @@
 bootstrap 95% interval for each median: one run's few windows cannot tell 1% from 3% on a
 machine whose windows scatter by ±5-10%.
 
-    python benchmarks/pool.py RUN1.json RUN2.json ... [--configs profkit-default,noop]
+    python -m benchmarks.pool RUN1.json RUN2.json ... [--configs profkit-default,noop]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 from pathlib import Path
+
+from benchmarks.common import bootstrap_interval
 
 
 def pooled(runs: list[dict[str, dict[str, list[float]]]]) -> dict[str, dict[str, list[float]]]:
@@ -26,20 +27,13 @@ def pooled(runs: list[dict[str, dict[str, list[float]]]]) -> dict[str, dict[str,
     return out
 
 
-def median_interval(values: list[float], draws: int = 4000, seed: int = 1) -> tuple[float, float]:
-    """Bootstrap 95% interval of the median."""
-    chance = random.Random(seed)
-    medians = sorted(statistics.median(chance.choices(values, k=len(values))) for _ in range(draws))
-    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
-
-
 def table(cells: dict[str, dict[str, list[float]]], configs: list[str] | None) -> list[str]:
     lines = [f"{'cell':<12} {'configuration':<28} {'windows':>7} {'median':>7}  95% interval"]
     for cell, by_config in cells.items():
         for name, ratios in by_config.items():
             if configs and name not in configs:
                 continue
-            low, high = median_interval(ratios)
+            low, high = bootstrap_interval(ratios, statistics.median)
             lines.append(
                 f"{cell:<12} {name:<28} {len(ratios):>7} {statistics.median(ratios):>7.3f}  "
                 f"{low:.3f}-{high:.3f}"

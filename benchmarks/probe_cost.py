@@ -1,6 +1,6 @@
 """What the OpenMP region probes cost per region, by where they sit (needs root and bcc).
 
-    sudo .venv/bin/python benchmarks/probe_cost.py [--rounds 3] [--seconds 2] [--threads 2]
+    sudo .venv/bin/python -m benchmarks.probe_cost [--rounds 3] [--seconds 2] [--threads 2]
 
 This process copies a 256-KB tensor in a loop (one parallel region per copy, a few us each) and
 alternates bare windows with windows where profkit's region program is attached to itself, for
@@ -20,15 +20,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from profkit.capture.ebpf.collector import OpenMPProgram
+from benchmarks.common import load_region_program
 from profkit.capture.ebpf.loader import load_bcc
 from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
-from profkit.capture.ebpf.pywalk import compile_flags
 from profkit.capture.ebpf.returns import return_sites
-from profkit.host.pyruntime import detect, thread_states
-from profkit.host.target import Runtime
 
 
 def copies_per_s(
@@ -60,23 +55,6 @@ def layouts(path: str) -> dict[str, tuple[dict, list[int], bool]]:
     return found
 
 
-def load(bcc, path: str, walker: bool, pid: int = 0, native_stacks: int = 0):  # type: ignore[no-untyped-def]  # no stubs
-    """The region program, with the walker reading the threads of pid (this process); with
-    native_stacks, its on-CPU sampler takes every thread's native stacks too."""
-    pid = pid or os.getpid()
-    program = OpenMPProgram(
-        (Runtime("libgomp", path),), tgid=pid, native_stacks=native_stacks
-    ).source()
-    if not walker:
-        return bcc.BPF(text=program)
-    layout = detect(pid)
-    bpf = bcc.BPF(text=program, cflags=compile_flags(layout))
-    table = bpf["tstates"]
-    for tid, tstate in thread_states(pid, layout).items():
-        table[table.Key(tid)] = table.Leaf(tstate)
-    return bpf
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -102,7 +80,7 @@ def main() -> int:
         bare, probed = [], []
         for _ in range(args.rounds):
             bare.append(copies_per_s(source, destination, args.seconds, args.depth))
-            bpf = load(bcc, path, walker)
+            bpf = load_region_program(bcc, path, walker)
             try:
                 bpf.attach_uprobe(name=path, fn_name="on_entry_0", pid=os.getpid(), **entry)
                 for address in ends:

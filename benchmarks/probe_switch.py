@@ -1,6 +1,6 @@
 """How long switching the region probes of a live recipe on and off takes (needs root and bcc).
 
-    sudo .venv/bin/python benchmarks/probe_switch.py [--target flood] [--threads 2] [--rounds 5]
+    sudo .venv/bin/python -m benchmarks.probe_switch [--target flood] [--threads 2] [--rounds 5]
 
 The collector switches the region probes on and off when their full cost would exceed their
 part of the budget (profkit/capture/ebpf/duty.py), and the probes trap until a detach returns:
@@ -17,16 +17,15 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from overhead import TARGETS, stop_targets
-from probe_cost import load
-from probe_toggle import libgomp_of
-
+from benchmarks.common import (
+    TARGETS,
+    attach_points,
+    libgomp_of,
+    load_region_program,
+    region_probe_points,
+    running,
+)
 from profkit.capture.ebpf.loader import detach_uprobes, load_bcc
-from profkit.capture.ebpf.regions import find_probes
-from profkit.host.target import Runtime
 
 
 def main() -> int:
@@ -36,16 +35,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--on", type=float, default=0.3, help="seconds on between switches")
     args = parser.parse_args()
-    pid, _, processes = TARGETS[args.target](args.threads)
-    try:
+    with running(args.target, args.threads) as (pid, _):
         time.sleep(2)
         path = libgomp_of(pid)
-        probes = find_probes(0, Runtime("libgomp", path))
-        if probes is None or probes.end is None:
-            raise SystemExit(f"no region probe points in {path}")
-        points = [(e.address, "on_entry_0") for e in probes.entries]
-        points.append((probes.end.address, "on_region_return"))
-        bpf = load(load_bcc(), path, walker=True, pid=pid)
+        points = region_probe_points(path)
+        bpf = load_region_program(load_bcc(), path, walker=True, pid=pid)
         timings: dict[str, list[float]] = {
             "attach": [],
             "detach, all at once": [],
@@ -54,8 +48,7 @@ def main() -> int:
         try:
             for round_ in range(2 * args.rounds):
                 begin = time.monotonic()
-                for address, handler in points:
-                    bpf.attach_uprobe(name=path, addr=address, fn_name=handler, pid=pid)
+                attach_points(bpf, path, pid, points)
                 timings["attach"].append(time.monotonic() - begin)
                 time.sleep(args.on)
                 begin = time.monotonic()
@@ -69,8 +62,6 @@ def main() -> int:
                 time.sleep(args.on)
         finally:
             bpf.cleanup()
-    finally:
-        stop_targets(processes)
     print(
         f"# {args.target}, {args.threads} threads, {Path(path).name}: "
         f"{len(points)} probes, {args.rounds} rounds"

@@ -1,9 +1,9 @@
 """What the OpenMP region probes cost a live recipe, by switching them on and off every second
 (needs root and bcc).
 
-    sudo .venv/bin/python benchmarks/probe_toggle.py [--target serving] [--threads 64]
+    sudo .venv/bin/python -m benchmarks.probe_toggle [--target serving] [--threads 64]
         [--seconds 900] [--block 1] [--layouts aa,entry,end,both,traps] [--json FILE]
-    sudo .venv/bin/python benchmarks/probe_toggle.py --perf 8 --rounds 4 [--layouts ...]
+    sudo .venv/bin/python -m benchmarks.probe_toggle --perf 8 --rounds 4 [--layouts ...]
 
 benchmarks/overhead.py compares whole captures, a few windows of several seconds each; on the
 serving recipe a window scatters by 2-3% against the windows around it, and longer windows
@@ -42,7 +42,6 @@ import json
 import math
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -54,12 +53,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from overhead import TARGETS, stop_targets
-from probe_cost import load
-
+from benchmarks.common import (
+    TARGETS,
+    alternate,
+    attach_points,
+    bare_around,
+    bootstrap_interval,
+    libgomp_of,
+    load_region_program,
+    region_probe_points,
+    running,
+    stop_process,
+)
 from profkit.capture.clock import monotonic_ns
 from profkit.capture.collectors.base import CaptureContext, CaptureOptions, Collector
 from profkit.capture.collectors.cgroupstat import CgroupCollector
@@ -70,9 +75,8 @@ from profkit.capture.ebpf.collector import PYTHON_SAMPLE_HZ
 from profkit.capture.ebpf.loader import detach_uprobes, load_bcc
 from profkit.capture.ebpf.native import NATIVE_STACK_ENTRIES
 from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
-from profkit.capture.ebpf.regions import find_probes
 from profkit.host import procfs
-from profkit.host.target import Runtime, inspect
+from profkit.host.target import inspect
 
 TRAPS_ONLY = """
 int on_entry_0(struct pt_regs *ctx) { return 0; }
@@ -118,13 +122,6 @@ def process_cpu_ns(pid: int) -> int:
     return (stat.utime_ticks + stat.stime_ticks) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
-def libgomp_of(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        if "libgomp" in line:
-            return os.path.realpath(line.split()[-1])
-    raise SystemExit(f"process {pid} maps no libgomp")
-
-
 class Probes:
     """The region program and a traps-only program, loaded once; their uprobes come and go."""
 
@@ -136,9 +133,9 @@ class Probes:
             raise SystemExit(f"no emulated entry and end points in {self.path}")
         self.entry, self.end = entry.address, end.address
         self.programs = {
-            "regions": load(bcc, self.path, walker=True, pid=pid),
+            "regions": load_region_program(bcc, self.path, walker=True, pid=pid),
             "traps": bcc.BPF(text=TRAPS_ONLY),
-            "native": load(
+            "native": load_region_program(
                 bcc, self.path, walker=True, pid=pid, native_stacks=NATIVE_STACK_ENTRIES
             ),
         }
@@ -214,14 +211,9 @@ class Switching:
     of its own, as the duty cycle does at each edge of an on-time (profkit/capture/ebpf/duty.py)."""
 
     def __init__(self, probes: Probes, entries: int | None = None) -> None:
-        found = find_probes(0, Runtime("libgomp", probes.path))
-        if found is None or found.end is None:
-            raise SystemExit(f"no probe points in {probes.path}")
         self._bpf = probes.programs["regions"]
         self._pid, self._path = probes.pid, probes.path
-        chosen = found.entries[:entries]
-        self.points = [e.address for e in chosen] + [found.end.address]
-        self.handlers = ["on_entry_0"] * len(chosen) + ["on_region_return"]
+        self.points = region_probe_points(probes.path, entries)
         self.cycles = 0
         self._attached: set[bytes] = set()
         self._stop = threading.Event()
@@ -240,10 +232,7 @@ class Switching:
 
     def attach_all(self) -> None:
         before = set(self._bpf.uprobe_fds)  # type: ignore[attr-defined]
-        for address, handler in zip(self.points, self.handlers, strict=True):
-            self._bpf.attach_uprobe(  # type: ignore[attr-defined]
-                name=self._path, addr=address, fn_name=handler, pid=self._pid
-            )
+        attach_points(self._bpf, self._path, self._pid, self.points)
         self._attached = set(self._bpf.uprobe_fds) - before  # type: ignore[attr-defined]
 
     def detach_all(self) -> None:
@@ -307,20 +296,11 @@ class PerfRecord:
             self._child.stop()
             self._child = None
         if self._process is not None:
-            self._signal_and_wait(self._process)
+            stop_process(self._process, timeout=10)
             self._process = None
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
-
-    @staticmethod
-    def _signal_and_wait(process: subprocess.Popen[bytes]) -> None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def block(
@@ -340,13 +320,6 @@ def block(
         last()
     end = time.monotonic_ns()
     return Block(layout, start, end, process_cpu_ns(pid) - cpu)
-
-
-def interval(values: list[float], draws: int = 4000, seed: int = 1) -> tuple[float, float]:
-    """Bootstrap 95% interval of the mean."""
-    chance = random.Random(seed)
-    means = sorted(statistics.fmean(chance.choices(values, k=len(values))) for _ in range(draws))
-    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
 
 
 # Kernel functions on the way into and out of a uprobe's breakpoint: a sample whose kernel stack
@@ -469,9 +442,7 @@ def main() -> int:
             raise SystemExit(f"unknown layout {layout}")
     if args.perf and not all(LAYOUTS[layout][0] for layout in layouts if layout != "aa"):
         raise SystemExit("--perf profiles the probe layouts only")
-    pid, progress, processes = TARGETS[args.target](args.threads)
-    blocks: list[Block] = []
-    try:
+    with running(args.target, args.threads) as (pid, progress):
         time.sleep(args.warmup)
         probes = Probes(pid)
         if args.perf:
@@ -480,34 +451,37 @@ def main() -> int:
             finally:
                 probes.close()
             return 0
+
+        def probed(layout: str) -> Block:
+            probes.attach(layout)
+            edges = probes.switching
+            try:
+                if layout == "on-edge":
+                    return block(pid, layout, args.block, first=edges.attach_all)
+                if layout == "off-edge":
+                    edges.attach_all()
+                    return block(pid, layout, args.block, last=edges.detach_all)
+                return block(pid, layout, args.block)
+            finally:
+                probes.detach(layout)
+                edges.detach_all()
+
         try:
-            shuffled, stop = random.Random(args.threads), time.monotonic() + args.seconds
-            blocks.append(block(pid, "bare", args.block))
+            # entry_count moves only while an entry probe is on: none is before the first layout
             started_with = probes.regions()
-            while time.monotonic() < stop:
-                for layout in shuffled.sample(layouts, len(layouts)):
-                    probes.attach(layout)
-                    edges = probes.switching
-                    try:
-                        if layout == "on-edge":
-                            blocks.append(block(pid, layout, args.block, first=edges.attach_all))
-                        elif layout == "off-edge":
-                            edges.attach_all()
-                            blocks.append(block(pid, layout, args.block, last=edges.detach_all))
-                        else:
-                            blocks.append(block(pid, layout, args.block))
-                    finally:
-                        probes.detach(layout)
-                        edges.detach_all()
-                    blocks.append(block(pid, "bare", args.block))
+            blocks = alternate(
+                layouts,
+                random.Random(args.threads),
+                lambda: block(pid, "bare", args.block),
+                probed,
+                until=time.monotonic() + args.seconds,
+            )
             regions = probes.regions() - started_with
             cycles = probes.switching.cycles
             cycles2 = probes.switching2.cycles
         finally:
             probes.close()
         time.sleep(0.2)
-    finally:
-        stop_targets(processes)
     rates = [progress.rate_between(b.start_ns, b.end_ns) for b in blocks]
     work = [rate * (b.end_ns - b.start_ns) / 1e9 for rate, b in zip(rates, blocks, strict=True)]
     # entry_count grows only where the region program's entry probe is on
@@ -538,11 +512,11 @@ def main() -> int:
     out: dict[str, object] = {"blocks": rows}
     for layout in layouts:
         ratios = [
-            math.log(rates[i] / ((rates[i - 1] + rates[i + 1]) / 2))
+            math.log(rates[i] / bare_around(rates, i))
             for i in range(1, len(blocks) - 1)
             if blocks[i].layout == layout
         ]
-        low, high = interval(ratios)
+        low, high = bootstrap_interval(ratios, statistics.fmean)
         cpu = sum(b.cpu_ns for b in blocks if b.layout == layout) / sum(
             w for w, b in zip(work, blocks, strict=True) if b.layout == layout
         )

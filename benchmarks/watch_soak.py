@@ -1,7 +1,7 @@
 """A soak of `profkit watch`: its memory, file descriptors and probes over a long run of targets
 that restart, and what it costs them, side by side with an unwatched control arm.
 
-    .venv/bin/python benchmarks/watch_soak.py [--minutes 30] [--restart-every 120]
+    .venv/bin/python -m benchmarks.watch_soak [--minutes 30] [--restart-every 120]
         [--recipes 3] [--cores 0.25] [--interval 15] [--control-share 0.2] [--json FILE]
 
 Two arms of `--recipes` fan-out recipes each run at the same time, every recipe in its own CPU
@@ -29,94 +29,56 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from profkit.host.sandbox import QuotaGroup, quota_group  # noqa: E402
-from recipes.launch import join_quota  # noqa: E402
-
-PROGRESS = re.compile(r"^progress copies=(\d+) t_ns=(\d+)")
-
-
-@dataclass
-class Run:
-    """One life of one recipe: its progress, (monotonic s, cumulative copies)."""
-
-    process: subprocess.Popen[str]
-    points: list[tuple[float, int]] = field(default_factory=list)
-
-    def read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            match = PROGRESS.match(line)
-            if match:
-                self.points.append((int(match.group(2)) / 1e9, int(match.group(1))))
+from benchmarks.common import ROOT, Progress, fanout_command, stop_process
+from profkit.host import procfs
+from profkit.host.sandbox import QuotaGroup, quota_group
+from recipes.launch import join_quota
 
 
 @dataclass
 class Arm:
     name: str
     groups: list[QuotaGroup]
-    runs: list[Run] = field(default_factory=list)
+    runs: list[Progress] = field(default_factory=list)  # every life of every recipe
 
     def copies_between(self, start: float, end: float) -> float:
-        total = 0.0
-        for run in self.runs:
-            inside = [(t, c) for t, c in run.points if start <= t <= end]
-            if len(inside) >= 2:
-                total += inside[-1][1] - inside[0][1]
-        return total
+        """Copies between two time.monotonic() readings, over every life of the arm's recipes."""
+        start_ns, end_ns = round(start * 1e9), round(end * 1e9)
+        return float(sum(run.done_between(start_ns, end_ns) for run in self.runs))
 
 
-def start_recipe(group: QuotaGroup) -> Run:
+def start_recipe(group: QuotaGroup) -> Progress:
     process = subprocess.Popen(
-        [sys.executable, "-u", str(ROOT / "recipes" / "shm_fanout.py"), "--report-every", "1"],
+        fanout_command("--report-every", "1", unbuffered=True),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         preexec_fn=join_quota(group),
         cwd=ROOT,
     )
-    run = Run(process)
-    threading.Thread(target=run.read, daemon=True).start()
-    return run
-
-
-def stop(run: Run) -> None:
-    if run.process.poll() is None:
-        run.process.send_signal(signal.SIGINT)
-        try:
-            run.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            run.process.kill()
-            run.process.wait()
+    return Progress(process)
 
 
 def stop_agent(agent: subprocess.Popen[str]) -> float | None:
     """SIGTERM; how long the agent took to exit, None if it had to be killed."""
     stopping = time.monotonic()
-    agent.send_signal(signal.SIGTERM)
-    try:
-        agent.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        agent.kill()
-        agent.wait()
+    if not stop_process(agent, signal.SIGTERM, timeout=10):
         return None
     return time.monotonic() - stopping
 
 
-def stop_all(runs: list[Run]) -> None:
+def stop_all(runs: list[Progress]) -> None:
+    """Ctrl-C to every recipe at once, then each waited for (killed after 20 s)."""
     for run in runs:
         if run.process.poll() is None:
             run.process.send_signal(signal.SIGINT)
     for run in runs:
-        stop(run)
+        stop_process(run.process, timeout=20)
 
 
 def free_port() -> int:
@@ -148,15 +110,7 @@ def watched_processes(port: int) -> int | None:
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return int(procfs.read_status(pid).get("VmRSS", "0 kB").split()[0]) / 1024
 
 
 def uprobe_events() -> str:
@@ -232,7 +186,7 @@ def main() -> int:
                             {
                                 "t_s": round(now - watch_from, 1),
                                 "rss_mib": round(rss_mib(agent.pid), 1),
-                                "cpu_s": cpu_s(agent.pid),
+                                "cpu_s": procfs.read_stat(agent.pid).cpu_seconds,
                                 "fds": fd_kinds(agent.pid),
                                 "watched": watched_processes(port),
                             }

@@ -1,7 +1,7 @@
 """How the recipes, the benchmarks and the tests start `profkit attach` and put a process into a
 quota group, each built in one place. Importable from the repository root
-(`from recipes.launch import ...`), which recipes and benchmarks put on sys.path and where pytest
-runs.
+(`from recipes.launch import ...`): the recipes that import it put the root on sys.path, and
+`python -m benchmarks.NAME` and pytest run from there.
 """
 
 from __future__ import annotations

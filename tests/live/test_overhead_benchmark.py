@@ -19,7 +19,8 @@ def test_a_short_run_prints_one_row_per_configuration_and_pool(tmp_path) -> None
     result = subprocess.run(
         [
             sys.executable,
-            "benchmarks/overhead.py",
+            "-m",
+            "benchmarks.overhead",
             "--targets",
             "fanout",
             "--threads",

@@ -28,7 +28,7 @@ def test_probe_cost_benchmark_prints_every_layout() -> None:
     except BccUnavailable as exc:
         pytest.skip(f"bcc unavailable: {exc}")
     result = subprocess.run(
-        [sys.executable, "benchmarks/probe_cost.py", "--rounds", "1", "--seconds", "0.3"],
+        [sys.executable, "-m", "benchmarks.probe_cost", "--rounds", "1", "--seconds", "0.3"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -49,8 +49,8 @@ def test_probe_cost_benchmark_prints_every_layout() -> None:
 @pytest.mark.root
 @pytest.mark.timeout(180)
 def test_probe_toggle_perf_pools_interleaved_rounds() -> None:
-    """benchmarks/probe_toggle.py --perf on a live recipe: one row per layout, its samples pooled
-    over the rounds; the region program counts regions, the empty programs none."""
+    """`python -m benchmarks.probe_toggle --perf` on a live recipe: one row per layout, its
+    samples pooled over the rounds; the region program counts regions, the empty programs none."""
     import shutil
     import subprocess
     import sys
@@ -66,7 +66,8 @@ def test_probe_toggle_perf_pools_interleaved_rounds() -> None:
     result = subprocess.run(
         [
             sys.executable,
-            "benchmarks/probe_toggle.py",
+            "-m",
+            "benchmarks.probe_toggle",
             "--target",
             "fanout",
             "--threads",

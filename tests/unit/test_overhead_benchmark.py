@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import math
-import sys
+import statistics
 
 import pytest
 
-from ..support import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import overhead
+from benchmarks import common, overhead, pool
 
 
 def test_configuration_names_parse_into_what_they_run() -> None:
@@ -58,8 +55,6 @@ def test_cpu_trace_interpolates_between_its_marks_and_not_beyond() -> None:
 
 
 def test_pooled_runs_print_one_row_per_cell_and_configuration() -> None:
-    import pool
-
     runs = [
         {"serving:8": {"bare": [200.0, 210.0], "profkit-default": [0.97, 0.99], "noop": [1.0]}},
         {"serving:8": {"bare": [190.0], "profkit-default": [1.01]}, "fanout:8": {"noop": [0.98]}},
@@ -69,7 +64,7 @@ def test_pooled_runs_print_one_row_per_cell_and_configuration() -> None:
         "serving:8": {"profkit-default": [0.97, 0.99, 1.01], "noop": [1.0]},
         "fanout:8": {"noop": [0.98]},
     }
-    low, high = pool.median_interval(cells["serving:8"]["profkit-default"])
+    low, high = common.bootstrap_interval(cells["serving:8"]["profkit-default"], statistics.median)
     assert 0.97 <= low <= 0.99 <= high <= 1.01
     lines = pool.table(cells, ["profkit-default"])
     assert lines[0].split() == ["cell", "configuration", "windows", "median", "95%", "interval"]

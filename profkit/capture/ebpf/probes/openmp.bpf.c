@@ -2,8 +2,8 @@
 // (GOMP_parallel* in each libgomp, __kmpc_fork_call in libiomp5/libomp, exec_blas in OpenBLAS)
 // and where each region ends (the points are chosen for a cheap trap: profkit/capture/ebpf/probe_points.py).
 // Regions go to an array read in bulk after the capture: a server can start thousands a second,
-// and waking profkit for each one (a perf buffer) cost 0.035 cores on a 2-CPU machine, taken
-// from the target. REGION_CAPACITY is substituted, and one entry handler per runtime copy
+// and waking profkit for each one (a perf buffer) cost CPU taken from the target
+// (docs/results/ebpf-cost.md#the-region-log). REGION_CAPACITY is substituted, and one entry handler per runtime copy
 // (on_entry_N, calling region_entry with the copy's index) appended, by profkit before compiling.
 //
 // With PYSTACK defined, this file follows pystack.bpf.c in one program: each region entry also
@@ -46,6 +46,9 @@ static inline void count_entry(void) {
 static inline u64 region_stack(u32 runtime) {
 #ifdef PYSTACK
     u64 stack = walk_python(1);
+#ifdef COST_NO_STACK_MAPS
+    return stack;
+#endif
     if (stack) {
         struct pystack_key key = {stack, runtime, 0};
         struct pystack_stats fresh = {};

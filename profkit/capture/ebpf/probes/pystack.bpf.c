@@ -57,6 +57,9 @@ static inline u64 walk_python(int count_missing) {
             count_walk(1);
         return 0;
     }
+#ifdef COST_LOOKUP_ONLY
+    return 0;  // benchmarks/region_cost.py: the thread-state lookup without the walk
+#endif
     u32 zero = 0;
     struct pystack *s = pystack_scratch.lookup(&zero);
     if (!s)
@@ -115,9 +118,11 @@ static inline u64 walk_python(int count_missing) {
     hash = (hash ^ depth) * 1099511628211ULL;
     if (hash == 0)
         hash = 1;
+#ifndef COST_NO_STACK_MAPS  // benchmarks/region_cost.py: the walk without its map updates
     if (!pystacks.lookup(&hash))
         pystacks.update(&hash, s);
     count_walk(0);
+#endif
     return hash;
 }
 

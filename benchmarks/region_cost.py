@@ -1,0 +1,168 @@
+"""What one parallel region costs the thread that dispatches it, part by part (root, bcc).
+
+    sudo .venv/bin/python -m benchmarks.region_cost [--rounds 3] [--seconds 2] [--depth 10]
+
+This process copies a 256-KB tensor in a loop with a pool of 2 (one OpenMP region per copy;
+OMP_WAIT_POLICY=passive, so that no thread spins at the barrier) and measures its own thread's
+CPU time per copy (time.thread_time: user and system time, the uprobe traps included) while
+profkit's region program is attached to it in successively larger parts:
+
+    entry trap        the entry uprobe, with an empty handler
+    traps             the entry and region-end uprobes, empty handlers
+    regions           profkit's region program without the walker: bookkeeping maps, region log
+    + tstate lookup   the walker's thread-state lookup, no frame read
+    + frame walk      the frames read (--depth more under the loop), no stack map updated
+    walker            the whole region program as a capture loads it
+    + sampler         with the on-CPU sampler (cpu-clock, 49 Hz) on every CPU
+    + scheduler       and the scheduler tracepoints in the same program
+
+Windows alternate, every part once per round, with two bare windows per round (bare and its
+A/A control). Prints the median CPU per copy of each part over the rounds and what each part adds
+per region against the bare median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads its OpenMP runtime
+
+import torch
+
+from profkit.capture.ebpf.collector import OpenMPProgram, SchedProgram
+from profkit.capture.ebpf.loader import load_bcc
+from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
+from profkit.capture.ebpf.pywalk import compile_flags
+from profkit.host.pyruntime import detect, thread_states
+from profkit.host.target import Runtime
+
+EMPTY = """
+int on_entry_0(struct pt_regs *ctx) { return 0; }
+int on_region_return(struct pt_regs *ctx) { return 0; }
+"""
+SAMPLE_HZ = 49
+
+
+def cpu_per_copy(
+    source: torch.Tensor, destination: torch.Tensor, seconds: float, depth: int
+) -> tuple[float, int]:
+    """(this thread's CPU seconds per copy, copies) over `seconds`, `depth` frames deeper."""
+    if depth > 0:
+        return cpu_per_copy(source, destination, seconds, depth - 1)
+    done, begin, cpu = 0, time.perf_counter(), time.thread_time()
+    while time.perf_counter() - begin < seconds:
+        for _ in range(200):
+            destination.copy_(source)
+        done += 200
+    return (time.thread_time() - cpu) / done, done
+
+
+class Part:
+    def __init__(self, name: str, attach: Callable[[], object | None]) -> None:
+        self.name = name
+        self.attach = attach
+        self.per_copy: list[float] = []
+        self.regions_per_copy: list[float] = []
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--depth", type=int, default=10, help="Python frames under the loop")
+    args = parser.parse_args()
+    bcc = load_bcc()
+    torch.set_num_threads(2)
+    libs = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
+    if not libs:
+        raise SystemExit("this torch bundles no libgomp")
+    path = os.path.realpath(libs[0])
+    entry, end = entry_point(path, "GOMP_parallel"), gomp_region_end(path)
+    if entry is None or end is None:
+        raise SystemExit(f"{path}: no emulated entry or region-end point")
+    pid = os.getpid()
+    layout = detect(pid)
+    walker = compile_flags(layout)
+
+    def load(source: str, flags: list[str], sample: bool = False) -> object:
+        bpf = bcc.BPF(text=source, cflags=flags)
+        if "-DPYSTACK" in flags:
+            table = bpf["tstates"]
+            for tid, tstate in thread_states(pid, layout).items():
+                table[table.Key(tid)] = table.Leaf(tstate)
+        if sample:
+            bpf.attach_perf_event(
+                ev_type=bcc.PerfType.SOFTWARE,
+                ev_config=bcc.PerfSWConfig.CPU_CLOCK,
+                fn_name="on_cpu_sample",
+                sample_freq=SAMPLE_HZ,
+            )
+        return bpf
+
+    def attached(bpf: object, end_probe: bool = True) -> object:
+        bpf.attach_uprobe(name=path, addr=entry.address, fn_name="on_entry_0", pid=pid)  # type: ignore[attr-defined]
+        if end_probe:
+            bpf.attach_uprobe(name=path, addr=end.address, fn_name="on_region_return", pid=pid)  # type: ignore[attr-defined]
+        return bpf
+
+    runtimes = (Runtime("libgomp", path),)
+    regions = OpenMPProgram(runtimes, tgid=pid).source()
+    with_sched = OpenMPProgram(runtimes, tgid=pid, sched=SchedProgram(pid)).source()
+    parts = [
+        Part("bare", lambda: None),
+        Part("entry trap", lambda: attached(load(EMPTY, []), end_probe=False)),
+        Part("traps", lambda: attached(load(EMPTY, []))),
+        Part("regions", lambda: attached(load(regions, []))),
+        Part("+ tstate lookup", lambda: attached(load(regions, [*walker, "-DCOST_LOOKUP_ONLY"]))),
+        Part("+ frame walk", lambda: attached(load(regions, [*walker, "-DCOST_NO_STACK_MAPS"]))),
+        Part("walker", lambda: attached(load(regions, walker))),
+        Part("+ sampler", lambda: attached(load(regions, walker, sample=True))),
+        Part("+ scheduler", lambda: attached(load(with_sched, walker, sample=True))),
+        Part("bare (A/A)", lambda: None),
+    ]
+    source = torch.ones(256 * 1024, dtype=torch.uint8)
+    destination = torch.empty_like(source)
+    cpu_per_copy(source, destination, 1.0, args.depth)  # warm the pool and the allocator
+    shown = Path(path).relative_to(Path(torch.__file__).parent.parent)
+    print(
+        f"# {shown}, pool of 2, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, "
+        f"{args.rounds} rounds of {args.seconds:g} s per part, {args.depth} extra Python frames"
+    )
+    for round_index in range(args.rounds):
+        # Rotate the order each round, so that no part always follows another.
+        order = parts[round_index % len(parts) :] + parts[: round_index % len(parts)]
+        for part in order:
+            bpf = part.attach()
+            try:
+                per_copy, copies = cpu_per_copy(source, destination, args.seconds, args.depth)
+                part.per_copy.append(per_copy)
+                if bpf is not None and part.name == "regions":
+                    counted = int(bpf["region_count"][0].value)  # type: ignore[index]
+                    part.regions_per_copy.append(counted / copies)
+            finally:
+                if bpf is not None:
+                    bpf.cleanup()  # type: ignore[attr-defined]
+    bare = statistics.median(parts[0].per_copy)
+    print(f"{'part':<18} {'us/copy':>8} {'+us/region':>11}   windows (us/copy)")
+    previous = bare
+    for part in parts:
+        median = statistics.median(part.per_copy)
+        each = " ".join(f"{v * 1e6:.2f}" for v in part.per_copy)
+        step = "" if part.name.startswith("bare") else f"  (+{(median - previous) * 1e6:.2f})"
+        print(f"{part.name:<18} {median * 1e6:8.2f} {(median - bare) * 1e6:+11.2f}   {each}{step}")
+        if not part.name.startswith("bare"):
+            previous = median
+    counted = parts[3].regions_per_copy
+    if counted:
+        print(f"# regions per copy counted by the region program: {statistics.median(counted):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
