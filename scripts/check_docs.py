@@ -10,7 +10,11 @@ Fails (exit 1, one line per problem) when, in README.md or any Markdown file und
   `recipes/`, `scripts/`, `tests/` inside code) does not exist; globs and `{a,b}` lists are
   expanded, a trailing `:LINE` is ignored;
 - a module named in code (`profkit.autothreads.apply()`) does not resolve to a module of the
-  package, or the name after it is not defined at the top of that module.
+  package, or the name after it is not defined at the top of that module;
+- a comment or docstring of the code (Python and C under profkit/, recipes/ and benchmarks/)
+  names a `docs/...` path that does not exist, or a `docs/....md#anchor` whose file has no such
+  heading: code points at the measurements in docs/results/ instead of quoting them, so a
+  pointer must not dangle when a results file is renamed or removed.
 
 Usage: python scripts/check_docs.py [--root DIR]
 """
@@ -19,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
 import re
 import sys
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +48,13 @@ REFERENCE_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)")
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 PACKAGE_PATH = re.compile(rf"(?<![\w./~-]){PACKAGE}/[\w./*?{{}},\[\]-]*")
 MODULE_REF = re.compile(rf"^{PACKAGE}(?:\.[A-Za-z_]\w*)+(?:\(\))?$")
+# The code whose comments and docstrings are checked, and what they may point at: a path under
+# docs/, with an optional #anchor (the path ends on a word character or a slash, so that the
+# sentence's own full stop or comma is not part of it).
+CODE_ROOTS = (PACKAGE, "recipes", "benchmarks")
+CODE_SUFFIXES = (".py", ".c", ".h")
+DOCS_REF = re.compile(r"(?<![\w./~-])docs/(?:[\w./-]*[\w/])?(?:#[\w-]+)?")
+C_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
 def slug(heading: str) -> str:
@@ -237,6 +250,73 @@ def check_file(root: Path, path: Path, cache: dict[Path, set[str]]) -> list[str]
     return problems
 
 
+def comment_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of the file's comments and docstrings: for Python every
+    `#` comment and every string that stands as a statement (docstrings, and strings used as
+    comments), for C every `//` and `/* */` comment. A Python file that does not parse (being
+    edited) is read whole, code included, so that nothing in it goes unchecked."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    if path.suffix != ".py":
+        for match in C_COMMENT.finditer(text):
+            first = text.count("\n", 0, match.start()) + 1
+            for offset, line in enumerate(match.group(0).splitlines()):
+                yield first + offset, line
+        return
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+        tree = ast.parse(text)
+    except (SyntaxError, tokenize.TokenError, ValueError):
+        yield from enumerate(lines, 1)
+        return
+    for token in tokens:
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            end = node.end_lineno or node.lineno
+            for number in range(node.lineno, end + 1):
+                yield number, lines[number - 1]
+
+
+def code_files(root: Path) -> list[Path]:
+    return [
+        path
+        for top in CODE_ROOTS
+        if (root / top).is_dir()
+        for path in sorted((root / top).rglob("*"))
+        if path.suffix in CODE_SUFFIXES and path.is_file() and "__pycache__" not in path.parts
+    ]
+
+
+def check_code_file(root: Path, path: Path, cache: dict[Path, set[str]]) -> list[str]:
+    """Every docs/ path a comment or docstring of this file names exists, and so does the
+    heading its #anchor names in a Markdown file."""
+    problems: list[str] = []
+    where = path.relative_to(root)
+    for number, line in comment_lines(path):
+        for reference in dict.fromkeys(DOCS_REF.findall(line)):
+            file_part, _, anchor = reference.partition("#")
+            target = root / file_part
+            if not target.exists():
+                problems.append(f"{where}:{number}: no such path: {file_part}")
+            elif (
+                anchor
+                and target.is_file()
+                and target.suffix == ".md"
+                and anchor not in anchors_of(target.resolve(), cache)
+            ):
+                problems.append(
+                    f"{where}:{number}: broken reference: {reference} "
+                    f"(no heading '#{anchor}' in {file_part})"
+                )
+    return problems
+
+
 def markdown_files(root: Path) -> list[Path]:
     files = [root / "README.md"] if (root / "README.md").exists() else []
     return files + sorted((root / "docs").rglob("*.md"))
@@ -249,11 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root.resolve()
     cache: dict[Path, set[str]] = {}
     files = markdown_files(root)
+    sources = code_files(root)
     problems = [p for f in files for p in check_file(root, f, cache)]
+    problems += [p for f in sources for p in check_code_file(root, f, cache)]
     for problem in problems:
         print(problem)
     print(
-        f"check_docs: {len(files)} files, "
+        f"check_docs: {len(files)} Markdown files, {len(sources)} code files, "
         + (f"{len(problems)} problem(s)" if problems else "every link and path resolves"),
         file=sys.stderr if problems else sys.stdout,
     )

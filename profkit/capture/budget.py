@@ -21,9 +21,9 @@ TRACED_STATES = (ord("t"), ord("T"))
 
 
 # py-spy --native stops every thread for each sample, and a synchronised pool loses the whole
-# pause. How long one sample holds the target, fitted to stop times measured with a 0.3-ms
-# /proc poll: 2 cores, 9 threads 1.4 ms and 65 threads 12 ms; 16 cores, 17 threads 10.4 ms
-# (median). Stopping a thread that runs on another CPU costs more than one that waits.
+# pause. How long one sample holds the target: a cost per thread, and more per thread that can
+# run at once, since stopping a thread that runs on another CPU costs more than one that waits;
+# fitted to the stop times measured per sample (docs/results/pyspy-cost.md#stops-per-sample).
 NATIVE_STOP_S_PER_THREAD = 0.17e-3
 NATIVE_STOP_S_PER_RUNNING_THREAD = 0.47e-3
 MAX_DEFAULT_RATE_HZ = 10
@@ -36,18 +36,18 @@ def native_sample_cost_s(threads: int, cpus: float) -> float:
     return threads * NATIVE_STOP_S_PER_THREAD + running * NATIVE_STOP_S_PER_RUNNING_THREAD
 
 
-# py-spy's own CPU per sample per thread of the target, from profkit's window CPU with py-spy
-# alone on 2 cores: --nonblocking at 10 Hz, 66-72 threads, 0.016-0.028 cores (25-40 us);
-# --native at 5 Hz, ~15 threads, 0.010-0.016 cores (130-210 us: it unwinds native stacks).
+# py-spy's own CPU per sample per thread of the target, --native several times --nonblocking
+# since it unwinds native stacks; from profkit's window CPU with py-spy alone
+# (docs/results/pyspy-cost.md#py-spys-own-cpu).
 PYSPY_CPU_S_PER_THREAD = {"native": 150e-6, "nonblocking": 30e-6}
 # The budget is for the whole capture, so each cost that a setting controls gets a part of it,
 # and the parts add up to the whole: py-spy's stops (the largest: a synchronised pool loses the
 # whole pause), py-spy's own CPU (on a saturated machine, CPU the target does not get), the
 # OpenMP region probes' traps, the scheduler tracepoints, and a part that no setting changes
 # (the /proc and cgroup samplers, the native stacks' sampler or perf record at 49 Hz,
-# profkit's own loop). Aiming py-spy at the whole budget left the serving recipe 5% slower
-# with the default set; with each collector judged against the whole
-# budget, the parts could add up to twice it.
+# profkit's own loop). Aimed at the whole budget, py-spy alone took it and the default set
+# cost more than the budget (docs/results/pyspy-cost.md#what-the-rule-picks); with each
+# collector judged against the whole budget, the parts could add up to twice it.
 PYSPY_STOP_SHARE = 0.35
 PYSPY_CPU_SHARE = 0.15
 REGION_PROBE_SHARE = 0.15
@@ -57,8 +57,9 @@ FIXED_SHARE = 0.15
 # and neither is the scheduler's where the scheduler is not traced: the probes keep their own
 # part. The walker's default set then aims at 0.3-0.5 of --budget (0.6-1% at the default 2%),
 # below the 1% that the eBPF profilers state for a default capture, with room for what the rate
-# check's cost per region misses. Why the scheduler's part is not given to them: the results of
-# giving it are in docs/results/overhead.md, "Serving at 64 threads: the probes on their own part".
+# check's cost per region misses. Given more than their own part, the probes stayed on for
+# more of a busy front's window and cost it more than that 1%
+# (docs/results/overhead.md#why-the-probes-keep-their-own-part-of-the-budget).
 
 
 def pyspy_stop_share(probes: bool) -> float:
@@ -106,9 +107,9 @@ def auto_mode(
 
 
 # The scheduler tracepoints (sched_switch, sched_wakeup) run a BPF program on every context
-# switch and wakeup of the machine. Fitted to the overhead benchmark on 2 CPUs: about 3 us of
-# the target's throughput per switch per CPU (fan-out recipe, 64 threads, 9 800 switches per CPU
-# per second: 3.2%; serving recipe, 8 threads, 14 000: 8%).
+# switch and wakeup of the machine, so their cost grows with the machine's switch rate: a cost
+# of the target's throughput per switch per CPU, fitted to the overhead benchmark with the
+# scheduler always traced (docs/results/ebpf-cost.md#scheduler-tracepoints).
 SCHED_TRACE_COST_S_PER_SWITCH = 3e-6
 
 
@@ -129,18 +130,19 @@ class Budget:
 
 
 # A /proc sample catches a py-spy stop only if it lands inside one, and at 5 Hz against a few
-# ms of stop every half second most samples miss: 15 samples (3 s) that hit one stop read as
-# 6.7% stopped where the truth was 0.8%, and py-spy was restarted --nonblocking in 3 of 20
-# windows of the overhead benchmark's serving recipe. So the judgement uses the lower bound of
-# a 95% Wilson interval over the sample instants (threads stop together, so instants, not
-# thread rows, are the independent draws), with at least a few of them.
+# ms of stop every half second most samples miss, so one sample that hits a stop reads as many
+# times the true share, and taken at face value it restarted py-spy --nonblocking for nothing
+# (docs/results/pyspy-cost.md#judging-the-stops). So the judgement uses the lower bound of a
+# 95% Wilson interval over the sample instants (threads stop together, so instants, not thread
+# rows, are the independent draws), with at least a few of them.
 STOP_CONFIDENCE_Z = 1.96
 MIN_STOP_INSTANTS = 5
 # Consecutive stopped instants are one stop, not several draws: py-spy --native reads a
-# library's symbols the first time a sample lands in it, with the target stopped (0.2-0.3 s,
-# seen mid-window in 1 of 12 captures of the two-site recipe), and two or three 5-Hz samples
-# inside that one pause read as 29% stopped. A single pause this long is a cost paid once; one
-# of HANG_S or more is not py-spy sampling any more, and is acted on at once.
+# library's symbols the first time a sample lands in it, with the target stopped for a few
+# tenths of a second, sometimes mid-window, and the 5-Hz samples inside that one pause would
+# read as a large share stopped (docs/results/pyspy-cost.md#judging-the-stops). A single pause
+# this long is a cost paid once; one of HANG_S or more is not py-spy sampling any more, and is
+# acted on at once.
 HANG_S = 1.0
 # py-spy goes --nonblocking when the stops show (with that confidence) over this many times the
 # whole overhead share: the default rate is chosen to sit inside its part, and a restart costs

@@ -1,7 +1,8 @@
 """C++ names for perf's frames, demangled once per distinct name instead of once per symbol.
 
 `perf script` demangles every symbol of each library it loads, and libtorch_cpu has hundreds of
-thousands: on a 5-s capture of the fan-out recipe that was 1.8 of its 4.0 s. With
+thousands: on a capture of the fan-out recipe that was nearly half of perf script's time
+(docs/results/perf-cost.md#perf-script-and-demangling). With
 `--no-demangle` perf prints mangled names, and the few hundred that samples name go through
 `c++filt -p` in one call, which prints them as perf does (no parameter lists).
 """

@@ -56,8 +56,8 @@ from .startup import (
 
 # Teardown: the samplers first, so that their last samples close the window (the /proc
 # sampler's last full one is each thread's CPU at the end); then the tools all at once, since
-# one after the other they took 5.3 s on 2 cores (py-spy 1.5, perf record 2.8, eBPF 0.8), most
-# of it each tool writing out or profkit reading what it wrote.
+# one after the other their stops add up, most of each one a tool writing out or profkit
+# reading what it wrote (docs/results/own-cost.md#teardown).
 SAMPLERS = ("proc", "cgroup")
 # Which collector goes first when the tools use too much CPU, costliest kind first.
 DROP_ORDER = ("perf_record", "pyspy", "perf_stat", "ebpf")

@@ -1,8 +1,8 @@
 """Open the window once the tools have finished starting, and say what starting cost.
 
 Starting is the costly part of several tools: py-spy --native holds the target stopped while it
-reads libtorch's symbols, perf record reads the maps of every process on the machine (0.13 s of
-CPU measured on the serving recipe, then nothing measurable at 49 Hz), bcc compiles its
+reads libtorch's symbols, perf record reads the maps of every process on the machine (its CPU
+is in that start, next to none after it: docs/results/perf-cost.md#start-up), bcc compiles its
 programs. A window opened before they are done would judge the sampling by the start-up; the
 start-up's own CPU goes to the manifest instead (`startup.tools_cpu_s`).
 """
@@ -19,7 +19,8 @@ from .clock import NS_PER_S, Clock
 from .runs import RunRecord
 
 # Settled: profkit and its tools together used less than this over the last poll interval.
-# The /proc sampler alone uses about 0.01 cores (64 threads, 2 CPUs).
+# Well above what the /proc sampler alone uses on a large pool, so that the samplers never keep
+# the window from opening (docs/results/own-cost.md#profkits-own-cpu-in-the-window).
 SETTLED_CORES = 0.05
 SETTLE_POLL_S = 0.2  # /proc counts CPU in 10-ms ticks: one tick here is 0.05 cores
 SETTLE_TIMEOUT_S = 3.0
@@ -33,12 +34,12 @@ def _stopped_threads(target: Target) -> int:
     return stopped
 
 
-# py-spy's symbol read is the long stop: 0.27-0.31 s on 2 cores, 0.35-0.49 s on 16. A shorter
-# one of ~60 ms can come first (seen on 16 cores), and a window opened after it had the 375-ms
-# read 1.2 s inside it, with 0.37 s of py-spy's CPU.
+# py-spy's symbol read is the long stop, some tenths of a second. A shorter one can come first,
+# and a window opened after that one had the read inside it, with py-spy's CPU
+# (docs/results/pyspy-cost.md#the-attach-stop): a stop counts as the read from this length on.
 LONG_STOP_S = 0.15
-# The first py-spy run on a fresh 16-core machine read the symbols (0.59 s) more than 3 s after
-# it started, and the window, opened at a 3-s timeout, had that pause inside it.
+# The first py-spy run on a fresh machine can read the symbols seconds after it starts: a window
+# opened at a 3-s timeout had that pause inside it (docs/results/pyspy-cost.md#the-attach-stop).
 ATTACH_TIMEOUT_S = 6.0
 
 
@@ -49,12 +50,12 @@ def wait_until_attached(
     timeout_s: float = ATTACH_TIMEOUT_S,
 ) -> float | None:
     """Start the window once py-spy's attach pause is over, so that the window measures
-    sampling and not attaching. A --native attach holds the target stopped once for a long
-    while (0.27-0.31 s measured on 2 cores, while py-spy reads libtorch's symbols), before or
-    after a few shorter stops; per-sample stops are a few ms. So the window waits for a stop
-    that lasted at least LONG_STOP_S to end and then for 50 ms without one; a target small
-    enough to be read faster simply waits out the timeout, and a Ctrl-C (stop) ends the wait.
-    The long stop's length, or None."""
+    sampling and not attaching. A --native attach holds the target stopped once for far longer
+    than a sample does, while py-spy reads libtorch's symbols
+    (docs/results/pyspy-cost.md#the-attach-stop), before or after a few shorter stops. So the
+    window waits for a stop that lasted at least LONG_STOP_S to end and then for 50 ms without
+    one; a target small enough to be read faster simply waits out the timeout, and a Ctrl-C
+    (stop) ends the wait. The long stop's length, or None."""
     begin = clock()
     stopped_since: int | None = None
     long_stop_over_at: int | None = None

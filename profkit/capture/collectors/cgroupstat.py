@@ -15,9 +15,9 @@ from .periodic import PeriodicSampler
 
 COLUMNS = ("t_ns", "nr_periods", "nr_throttled", "throttled_ns", "usage_ns", "pressure_some_us")
 # Under a quota each sample spans about one 100-ms period, so the timeline shows which periods
-# were throttled. Without one nothing is throttled and only usage and pressure move: reading
-# them 10 times a second cost 2.5 ms of profkit's CPU a second (13 wake-ups) for nothing, and
-# twice a second still 0.66 ms.
+# were throttled. Without one nothing is throttled and only usage and pressure move, so reading
+# them often spends profkit's CPU for nothing: once a second is enough
+# (docs/results/own-cost.md#profkits-own-cpu-in-the-window).
 QUOTA_INTERVAL_S = 0.1
 UNLIMITED_INTERVAL_S = 1.0
 

@@ -1,18 +1,18 @@
 """perf record: cpu-clock samples with call graphs for every thread, the native truth.
 
-Frame-pointer unwinding is the default: measured on the fanout recipe (4 s at 99 Hz), it wrote
-0.09 MB and `perf script` took 1.3 s, against 9.3 MB for DWARF with 16 KiB stacks. PyTorch
-wheels have no frame pointers, so fp stacks stop inside libtorch_cpu, but their leaf frames name
-the kernel at work (direct_copy_kernel, the OpenMP barrier, page faults), which is what the
-worker analysis needs; the dispatcher's call path comes from the eBPF stack walker (py-spy
-where the walker cannot run). `--perf-callgraph dwarf`
-trades size for whole stacks.
+Frame-pointer unwinding is the default: DWARF with 16 KiB stacks writes about 100 times the
+data, which `perf script` then takes far longer to read
+(docs/results/perf-cost.md#frame-pointers-or-dwarf). PyTorch wheels have no frame pointers, so
+fp stacks stop inside libtorch_cpu, but their leaf frames name the kernel at work
+(direct_copy_kernel, the OpenMP barrier, page faults), which is what the worker analysis needs;
+the dispatcher's call path comes from the eBPF stack walker (py-spy where the walker cannot
+run). `--perf-callgraph dwarf` trades size for whole stacks.
 
 Sampling is per CPU by default (`-a`), and `perf script --pid` keeps the target's samples. A
 per-thread event (`-p`) is switched in and out with its thread, and an OpenMP pool switches
-thousands of times a second: measured on the fan-out recipe with 64 threads on 2 CPUs, `-p` at
-49 Hz cost the target 6% of its copies/s and `-a` 2% (docs/results/). System-wide perf.data
-holds every process's samples, so it is deleted once the target's are converted.
+thousands of times a second, so `-p` costs the target several times what `-a` does
+(docs/results/perf-cost.md#per-cpu-or-per-thread). System-wide perf.data holds every process's
+samples, so it is deleted once the target's are converted.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def record_args(options: CaptureOptions, scope: list[str], out: Path) -> list[st
         "CLOCK_MONOTONIC",
         # perf script runs on this machine, against the very libraries that were mapped:
         # build-ids are not needed, and collecting them when perf exits read the whole file
-        # (1.1 s of the teardown for a 3-s system-wide window on 2 CPUs) and copied the
-        # sampled libraries into root's ~/.debug.
+        # (teardown time that grows with the window: docs/results/own-cost.md#teardown) and
+        # copied the sampled libraries into root's ~/.debug.
         "--no-buildid",
         "--no-buildid-cache",
         # No side-band thread for BPF program events (profkit's own probes among them): at

@@ -23,20 +23,22 @@ COLUMNS = ("t_ns", "tid", "utime", "stime", "runtime_ns", "state", "vcsw", "nvcs
 # thread needs only its two ends, and the pool's CPU over time is drawn in half-second bins.
 # Between those full samples only the process's stat and the main thread's are read, five times
 # a second: the process's CPU line, and the stop budget's signal (py-spy --native stops the
-# main thread with every sample). Reading every thread at 5 Hz took the sampler 3.7 ms of CPU
-# a second on the 18-thread serving front, the largest part of profkit's own CPU there.
+# main thread with every sample). Reading every thread at 5 Hz made the sampler the largest
+# part of profkit's own CPU on a serving front
+# (docs/results/own-cost.md#profkits-own-cpu-in-the-window).
 THREAD_INTERVAL_S = 1.0
 # Beyond 200 threads the full samples stretch so that profkit reads each file of at most ~200
-# threads a second. (Reading 400 a second, the sampler alone cost the serving recipe with 64
-# threads 3% of its requests/s on 2 CPUs: 0.960-0.993, 0.012 cores.)
+# threads a second: reading twice as many, the sampler alone cost a busy 64-thread serving
+# recipe a share of its requests that showed
+# (docs/results/own-cost.md#profkits-own-cpu-in-the-window).
 THREAD_READS_PER_S = 200
 
 
 # schedstat's run time and status's context switches are cumulative and only their window
 # totals are used, so they are read at the first and the last full sample (-1 in between), and
 # the thread list is read again only when the process's thread count changes or a thread's
-# file is gone: on a 130-thread front each of those is a pass of ~1 ms a second
-# (docs/results/overhead.md, "profkit's own CPU").
+# file is gone: on a large front each of those is a pass over every thread, a CPU cost of its
+# own (docs/results/2core-proc-sampler-lean.txt).
 def parse_switches(text: str) -> tuple[int, int]:
     """Voluntary and involuntary context switches from a status file's text."""
     vcsw = nvcsw = -1

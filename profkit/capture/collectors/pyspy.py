@@ -97,8 +97,9 @@ class PySpyCollector:
     def back_off(self, reason: str, now_ns: int) -> bool:
         """Over the stop budget: from --native go --nonblocking at the same rate, which never
         stops the target but sees no native frames; from --nonblocking, stop. A lower --native
-        rate is not an option: a --native attach holds the main thread stopped ~0.3 s while
-        py-spy reads libtorch's symbols (measured on 2 cores), more than the rate would save.
+        rate is not an option: a --native attach holds the main thread stopped while py-spy
+        reads libtorch's symbols, longer than the lower rate would save
+        (docs/results/pyspy-cost.md#the-attach-stop).
         False once nothing is left."""
         if self.dropped or not self._segments or self._context is None:
             return False
@@ -218,8 +219,9 @@ def exit_grace_s(rate_hz: int) -> float:
     """How long py-spy may take to write its output after SIGINT. It draws the gaps between
     samples from an exponential distribution (against aliasing) and only notices the signal at
     its next sample, then waits for its sampling thread to finish one more gap: two such gaps,
-    2 s on average at 1 Hz. Five seconds cut 1 capture in 15-22 there, and its samples were
-    lost with it; 10 gaps leave about one in 2 000 (a gamma tail)."""
+    2 s on average at 1 Hz. A fixed 5 s cut py-spy off at 1 Hz in a share of the captures, and
+    its samples were lost with it (docs/results/own-cost.md#teardown); 10 gaps leave about one
+    in 2 000 (a gamma tail)."""
     return max(5.0, 10.0 / max(1, rate_hz))
 
 

@@ -33,20 +33,21 @@ from .native import NATIVE_STACK_ENTRIES, native_tables, read_stacks
 from .pywalk import PythonWalker
 from .regions import RuntimeProbes, find_probes, handler_source, probeable
 
-# What the Python stack walker adds to a region's entry trap, measured with
-# benchmarks/probe_cost.py (docs/results/2core-probe-cost-walker.txt).
+# What the Python stack walker adds to a region's entry trap at its full 32 frames, measured
+# with benchmarks/probe_cost.py (docs/results/walker-cost.md).
 WALKER_HIT_S = 1.4e-6
 # Those figures, and the traps' (probe_points.py), come from a tight loop that keeps the trap
-# path in the caches. In place the traps' own CPU is 2.3-3.3 times as much, and a serving front's
-# CPU at 64 threads grows by 15-20 us a region, about 5 times the loop's figure
-# (docs/results/ebpf-cost.md, "In place"; overhead.md, "where the cost lies"). The rate check
-# counts the latter: a loop whose trap path stays warm is then probed for less of the time than
-# it could be, never more.
+# path in the caches. In place the traps' own CPU is several times as much
+# (docs/results/ebpf-cost.md#in-place-what-the-traps-cost-a-busy-server), and a serving front's
+# own CPU grows by about this many times the loop's figure a region
+# (docs/results/overhead.md#serving-at-64-threads-where-the-cost-lies). The rate check counts
+# the latter: a loop whose trap path stays warm is then probed for less of the time than it
+# could be, never more.
 IN_PLACE = 5.0
 # A first count this close to the probes' part is repeated (for duty.py's RECOUNT_S) before it
 # keeps them on: it ran while the other tools started, and counting short there left the probes
-# on all the time in some captures of a front that the others switched (docs/results/overhead.md,
-# "Serving at 64 threads: the probes budgeted to 1% again").
+# on all the time in some captures of a front that the others switched
+# (docs/results/ebpf-cost.md#the-rate-checks-first-count).
 RECOUNT_ABOVE = 0.5
 # The walker's on-CPU sampling rate, per CPU: a prime off the timer ticks (as perf's 49 and 99),
 # and cheap since every other process's sample returns at the first test.

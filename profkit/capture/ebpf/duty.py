@@ -10,17 +10,17 @@ go into ebpf.json (regions_decision.on_ns), and the analysis takes the pool's wo
 from them.
 
 The two edges of an on-time do not cost the same. Attaching is cheap, but detaching the
-probes of torch's libgomp cost the serving front about 35-60 ms of its work each time on 2 cores
-(docs/results/ebpf-cost.md, "Switching"), so an on-time every couple of seconds cost it as
-much as the traps it saved. Hence the schedule: the probes come off once the rate check has
-decided, before the window opens; the window is cut into periods of PERIOD_S (a window of
-less than one and a half is one period), and each period is off for the first (1 - duty) of
-it and on for the rest. The last on-time runs to the window's end, and its probes come off at
-teardown, after the window, so a capture of one period detaches nothing inside its window. The
-off-times of the periods before the last scatter by half either way, so that the sampling does
-not keep step with a periodic target. The entries are attached after the ends and detached
-before them, and the ends stay on END_GRACE_S longer: a region that starts in an on-time keeps
-its end.
+probes of torch's libgomp costs a busy serving front tens of milliseconds of its work each time
+(docs/results/ebpf-cost.md#switching-what-each-edge-costs), so an on-time every couple of
+seconds cost it as much as the traps it saved. Hence the schedule: the probes come off once the
+rate check has decided, before the window opens; the window is cut into periods of PERIOD_S (a
+window of less than one and a half is one period), and each period is off for the first
+(1 - duty) of it and on for the rest. The last on-time runs to the window's end, and its
+probes come off at teardown, after the window, so a capture of one period detaches nothing
+inside its window. The off-times of the periods before the last scatter by half either way, so
+that the sampling does not keep step with a periodic target. The entries are attached after the
+ends and detached before them, and the ends stay on END_GRACE_S longer: a region that starts in
+an on-time keeps its end.
 """
 
 from __future__ import annotations
@@ -30,17 +30,19 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# One detach a period costs the serving front about 0.2% at this length (60 ms in 30 s).
+# At this length one detach a period is a small fraction of a percent of a serving front's work
+# (a detach's cost: docs/results/ebpf-cost.md#switching-what-each-edge-costs).
 PERIOD_S = 30.0
 # Below this the on-times are too short and too few to place the pool: the probes are detached.
-# At 0.02 a 5-s window is probed for its last 0.1 s, still a thousand regions of a flood of
-# small ones at 10 000 a second, which at 17 us a region needs a duty of 0.02-0.04.
+# At 0.02 a 5-s window is probed for its last 0.1 s, still about a thousand regions of a flood
+# of small ones, which at 17 us a region needs a duty of a few percent
+# (docs/results/ebpf-cost.md#switched-on-and-off-a-flood-of-small-regions).
 MIN_DUTY = 0.02
 END_GRACE_S = 0.05
 # The rate check's 0.3 s run while the other tools start, and count fewer regions than the
-# window sees (on a flood of small regions 6 600 a second against 9 900): a one-period capture
-# has no later on-time to correct its duty from, so the regions are counted again, once the
-# check has decided, for this long before the probes come off.
+# window sees (docs/results/ebpf-cost.md#switched-on-and-off-a-flood-of-small-regions): a
+# one-period capture has no later on-time to correct its duty from, so the regions are counted
+# again, once the check has decided, for this long before the probes come off.
 RECOUNT_S = 0.3
 
 

@@ -71,10 +71,10 @@ def load_bcc() -> ModuleType:
 
 def detach_uprobes(bpf: BpfProgram, names: set[bytes] | None = None) -> None:
     """Detach every uprobe of a loaded program at once. Closing a uprobe's perf event waits in
-    the kernel for an RCU grace period (about 0.1 s each on the 2-CPU test machine), and bcc's
-    cleanup() closes them one after another: a program with a probe on each entry point and
-    return of every runtime copy took a second to detach. libbcc's calls release the GIL, so
-    closed from a thread each, the waits overlap. bcc.BPF.cleanup() then finds none left.
+    the kernel for an RCU grace period, and bcc's cleanup() closes them one after another, so
+    the waits add up over a program with a probe on each entry point and return of every
+    runtime copy (docs/results/own-cost.md#teardown). libbcc's calls release the GIL, so
+    closed from a thread each, the waits can overlap. bcc.BPF.cleanup() then finds none left.
     `names`: only these events (bcc's names, as in bpf.uprobe_fds)."""
     lib = load_bcc().libbcc.lib
     events = [(n, fd) for n, fd in bpf.uprobe_fds.items() if names is None or n in names]
