@@ -88,8 +88,11 @@ class ProcessImage:
 
 
 def read_image(pid: int) -> ProcessImage:
-    """Raises FileNotFoundError or ProcessLookupError once the process is gone."""
+    """Raises FileNotFoundError or ProcessLookupError once the process is gone, a zombie
+    included (its executable link is gone before its /proc entry)."""
     stat = read_stat(pid)
+    if stat.state in ("Z", "X"):
+        raise ProcessLookupError(f"pid {pid} has exited")
     try:
         exe_stat = os.stat(PROC / str(pid) / "exe")
         exe = (exe_stat.st_dev, exe_stat.st_ino)

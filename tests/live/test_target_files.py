@@ -282,3 +282,23 @@ def test_an_exec_during_a_capture_is_not_called_complete(tmp_path: Path) -> None
         assert manifest["status"] == "target exec'd", (manifest, result.stderr)
     finally:
         stop(target)
+
+
+def test_a_zombie_reads_as_exited_not_as_an_exec() -> None:
+    """A killed target not yet reaped keeps its /proc entry but loses its executable link."""
+    from profkit.host import procfs
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        image = procfs.read_image(child.pid)
+        assert image.exe != (0, 0)
+        child.kill()
+        deadline = time.monotonic() + 10
+        while procfs.read_stat(child.pid).state != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(ProcessLookupError):
+            procfs.read_image(child.pid)
+    finally:
+        child.kill()
+        child.wait()
