@@ -118,7 +118,7 @@ def watch(
     push_url: str | None,
 ) -> int:
     """Watch processes continuously: Prometheus metrics, findings and pprof profiles."""
-    from ..watch.agent import Agent
+    from ..watch.agent import Agent, leave
 
     options = WatchOptions(
         selectors=parse_selectors(pids, matches, cgroups),
@@ -140,4 +140,4 @@ def watch(
     )
     agent.run()
     click.echo("profkit: stopped; every probe detached", err=True)
-    return EXIT_OK
+    return leave(agent, EXIT_OK)

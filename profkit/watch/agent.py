@@ -39,6 +39,18 @@ def say(message: str) -> None:
     print(f"profkit: {message}", file=sys.stderr, flush=True)
 
 
+def leave(agent: Agent, code: int) -> int:
+    """The exit status, once the agent is closed. A probe still loading (a compile takes
+    seconds on a busy machine, and the interpreter's exit would wait for its helper threads)
+    is left to the kernel: it has attached nothing yet, or only perf-event uprobes, which the
+    kernel detaches as the process's descriptors close."""
+    if agent.load_in_flight:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 class Agent:
     def __init__(self, options: WatchOptions, notify: Callable[[str], None] = say) -> None:
         self.options = options
@@ -56,6 +68,7 @@ class Agent:
         )
         self.pusher: Pusher | None = None
         self._loader: ProbeLoader | None = None
+        self.load_in_flight = False  # a probe's load outlived close(): see leave()
         self._server: WSGIServer | None = None
         self._said_waiting = False
         self._said: set[str] = set()
@@ -116,7 +129,7 @@ class Agent:
             watched.close()
         self.processes.clear()
         if self._loader is not None:
-            self._loader.close()
+            self.load_in_flight = not self._loader.close()
         if self.profiles is not None:
             self.profiles.close()
         if self.pusher is not None:

@@ -45,6 +45,8 @@ class ProbeLoader:
             if not self._stop.is_set():
                 on_loaded()
 
-    def close(self, timeout: float = STOP_WAIT_S) -> None:
+    def close(self, timeout: float = STOP_WAIT_S) -> bool:
+        """False when a load was still in progress after timeout (left to the process's exit)."""
         self._queue.put(None)
         self._thread.join(timeout=timeout)
+        return not self._thread.is_alive()

@@ -16,7 +16,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .agent import Agent
+from ..errors import EXIT_OK
+from .agent import Agent, leave
 from .options import WatchOptions
 from .series import TargetSeries
 
@@ -145,3 +146,4 @@ def run_top(options: WatchOptions) -> None:
             live.update(render(current, notes), refresh=True)
 
         agent.run(on_window=redraw)
+    leave(agent, EXIT_OK)  # the screen is restored by now

@@ -95,6 +95,10 @@ def code_bytes(pid: int, addresses: list[int]) -> dict[int, int]:
 INT3 = 0xCC
 
 
+# Thirty whole attaches (start-up and teardown included) take 5-10 s each on a quiet 2-core
+# machine and up to twice that on a busy one; each has its own hang guard (run_profkit's timeout),
+# so the test's own bound only has to cover thirty of them.
+@pytest.mark.timeout(900)
 def test_attach_detach_thirty_times(start_recipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8", "--report-every", "0.1", warmup=1.0)
     addresses = probe_addresses(recipe.pid)
