@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-APT_PACKAGES=(linux-perf bpfcc-tools python3-bpfcc linux-headers-amd64 binutils)
+APT_PACKAGES=(linux-perf bpfcc-tools python3-bpfcc linux-headers-amd64 binutils)  # binutils: c++filt
 # The real consumers the tests hand profkit's outputs to: a browser, Go's pprof, speedscope,
 # Prometheus (and its promtool) for `watch`'s metrics and alert rules, tmux for `top`'s screen;
 # gcc brings Debian's libgomp1, a second shape of OpenMP runtime for the region probes.

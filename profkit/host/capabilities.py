@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import importlib
 import importlib.metadata
 import importlib.util
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -266,16 +266,46 @@ def check_uprobes() -> Check:
     )
 
 
-def check_binutils() -> Check:
-    missing = [tool for tool in ("readelf", "objdump") if shutil.which(tool) is None]
-    if not missing:
-        return Check("binutils", OK, "readelf, objdump: region ends probed at each return")
+# The libraries that read a runtime's symbols, frame tables and code to place the region probes
+# (capture/ebpf/returns.py), by module and by the name pip knows them under.
+CODE_READERS = {"elftools": "pyelftools", "capstone": "capstone"}
+DECODED_MACHINES = ("x86_64", "aarch64")
+
+
+def check_code_readers(machine: str | None = None) -> Check:
+    """pyelftools and capstone import, and decode this machine's code: without them region
+    ends fall back to a uretprobe, as they did without binutils."""
+    machine = machine or platform.machine()
+    found, missing = [], []
+    for module, distribution in CODE_READERS.items():
+        try:
+            imported = importlib.import_module(module)
+        except (ImportError, OSError) as exc:  # capstone's compiled library may fail to load
+            missing.append(f"{distribution} ({exc})")
+        else:
+            try:
+                version = importlib.metadata.version(distribution)
+            except importlib.metadata.PackageNotFoundError:
+                version = getattr(imported, "__version__", "?")
+            found.append(f"{distribution} {version}")
+    fallback = "region ends fall back to a uretprobe, which makes py-spy --native's stops longer"
+    if missing:
+        return Check(
+            "pyelftools, capstone",
+            WARN,
+            f"not importable: {', '.join(missing)}: {fallback}",
+            fix="pip install pyelftools capstone (dependencies of profkit)",
+        )
+    if machine not in DECODED_MACHINES:
+        return Check(
+            "pyelftools, capstone",
+            UNSUPPORTED,
+            f"only x86-64 and aarch64 code is decoded (this machine: {machine}): {fallback}",
+        )
     return Check(
-        "binutils",
-        WARN,
-        f"{', '.join(missing)} not found: region ends fall back to a uretprobe, which makes "
-        "py-spy --native's stops longer",
-        fix="apt-get install binutils",
+        "pyelftools, capstone",
+        OK,
+        f"{', '.join(found)}: region ends probed at the team barrier or at each return",
     )
 
 
@@ -336,7 +366,7 @@ CHECKS: tuple[Callable[[], Check | list[Check]], ...] = (
     check_btf,
     check_tracefs,
     check_uprobes,
-    check_binutils,
+    check_code_readers,
     check_cgroups,
     check_torch,
 )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import platform
 import shutil
 
 import pytest
 
-from profkit.host.capabilities import MISSING, OK
+from profkit.host.capabilities import MISSING, OK, UNSUPPORTED
 
 from ..support import run_profkit
 
@@ -23,6 +24,10 @@ def doctor_json(env: dict[str, str] | None = None) -> tuple[int, dict[str, dict]
 def test_doctor_matches_the_machine() -> None:
     code, checks = doctor_json()
     assert code == 0 and checks["py-spy"]["status"] == OK
+    # The region probes' places are read in-process (pyelftools, capstone): no binutils check.
+    assert "binutils" not in checks
+    readers = checks["pyelftools, capstone"]
+    assert readers["status"] == (OK if platform.machine() in ("x86_64", "aarch64") else UNSUPPORTED)
     perf = shutil.which("perf")
     if perf is None:
         assert checks["perf"]["status"] == MISSING

@@ -98,3 +98,27 @@ def test_capability_bits_parse() -> None:
     status = "Name:\tx\nCapEff:\t000000c000080000\n"
     caps = capabilities.effective_capabilities(status)
     assert caps >> 19 & 1 and caps >> 38 & 1 and caps >> 39 & 1 and not caps >> 21 & 1
+
+
+def test_code_readers_check_imports_the_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyelftools and capstone replace binutils: their absence, or a machine whose code is not
+    decoded, is a warning with the uretprobe fallback, never a failure."""
+    assert capabilities.check_code_readers in capabilities.CHECKS
+    assert not hasattr(capabilities, "check_binutils")
+    check = capabilities.check_code_readers("x86_64")
+    assert check.status == OK and not check.core
+    assert "pyelftools " in check.detail and "capstone " in check.detail
+    unsupported = capabilities.check_code_readers("ppc64le")
+    assert unsupported.status == UNSUPPORTED and "only x86-64 and aarch64" in unsupported.detail
+    real_import = capabilities.importlib.import_module
+
+    def no_capstone(name: str) -> object:
+        if name == "capstone":
+            raise ImportError("ERROR: fail to load the dynamic library.")
+        return real_import(name)
+
+    monkeypatch.setattr(capabilities.importlib, "import_module", no_capstone)
+    missing = capabilities.check_code_readers("x86_64")
+    assert missing.status == capabilities.WARN and not missing.core
+    assert "capstone (ERROR: fail to load" in missing.detail and "uretprobe" in missing.detail
+    assert "pip install pyelftools capstone" in missing.fix

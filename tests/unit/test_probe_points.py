@@ -9,28 +9,56 @@ import pytest
 from profkit.capture.ebpf import probe_points, returns
 
 from .libgomps import BOTH, present
+from .test_returns import known, openblas
+
+GOMP_ENTRIES = (
+    "GOMP_parallel",
+    "GOMP_parallel_loop_static",
+    "GOMP_parallel_loop_dynamic",
+    "GOMP_parallel_loop_guided",
+    "GOMP_parallel_loop_runtime",
+    "GOMP_parallel_sections",
+)
+
+# The points objdump's text gave in these builds (compared when profkit stopped using it): the
+# entry of each GOMP_parallel* after its endbr64, and the branch after the team barrier.
+POINTS = {
+    "f9a9ad78a8dc39c0": {  # Debian 12's libgomp1
+        "entries": [0x14074, 0x10B34, 0x10C04, 0x10DA4, 0x10E74, 0x14774],
+        "end": probe_points.ProbePoint(0x1E305, "jne 0x1e3d0", True),
+    },
+    "78511033caddec6c": {  # torch 2.13.0's libgomp.so.1
+        "entries": [0x116E4, 0xE914, 0xE954, 0xE994, 0xE9D4, 0x11D64],
+        "end": probe_points.ProbePoint(0x1CAA5, "jne 0x1cb60", True),
+    },
+}
 
 
 @pytest.mark.parametrize(
-    ("instruction", "emulated"),
+    ("code", "emulated"),
     [
-        ("push   %r13", True),
-        ("push   %rbp", True),
-        ("jne    1cb60 <omp_in_final@@OMP_3.1+0x1880>", True),
-        ("jmp    11650 <GOMP_parallel_end@@GOMP_1.0>", True),
-        ("call   1b6f0 <omp_in_final@@OMP_3.1+0x410>", True),
-        ("nopl   0x0(%rax)", True),
-        ("endbr64", False),
-        ("ret", False),
-        ("pop    %r15", False),
-        ("mov    %rsi,%rbp", False),
-        ("call   *%rbx", False),
-        ("jmp    *%rax", False),
-        ("push   0x8(%rax)", False),
+        ("4155", True),  # push %r13
+        ("55", True),  # push %rbp
+        ("0f85f0000000", True),  # jne
+        ("e9fb000000", True),  # jmp
+        ("f2e9fb000000", True),  # bnd jmp
+        ("e8fb000000", True),  # call
+        ("0f1f4000", True),  # nopl 0x0(%rax)
+        ("6690", True),  # xchg %ax,%ax (a nop)
+        ("f30f1efa", False),  # endbr64
+        ("c3", False),  # ret
+        ("415f", False),  # pop %r15
+        ("4889f5", False),  # mov %rsi,%rbp
+        ("ffd3", False),  # call *%rbx
+        ("ffe0", False),  # jmp *%rax
+        ("ff7008", False),  # push 0x8(%rax)
+        ("0fa0", False),  # push %fs
+        ("e3fe", False),  # jrcxz: a branch the kernel steps
     ],
 )
-def test_which_instructions_the_kernel_emulates(instruction: str, emulated: bool) -> None:
-    assert probe_points.is_emulated(instruction) is emulated
+def test_which_instructions_the_kernel_emulates(code: str, emulated: bool) -> None:
+    (instruction,) = returns.decode("EM_X86_64", bytes.fromhex(code), 0x1000)
+    assert probe_points.is_emulated(instruction) is emulated, instruction
 
 
 @pytest.mark.parametrize("library", BOTH)
@@ -42,8 +70,9 @@ def test_entry_point_is_the_emulated_instruction_after_endbr64(library: Path | N
     extent = returns.extent_of(symbol, returns.function_extents(path))
     assert extent is not None
     code = returns.disassemble(path, *extent)
-    assert code[0] == (symbol, "endbr64")
-    assert point.address == code[1][0] and probe_points.is_emulated(point.instruction)
+    assert (code[0].address, code[0].kind) == (symbol, returns.ENDBR)
+    assert point.address == code[1].address and probe_points.is_emulated(code[1])
+    assert point.instruction == code[1].text and point.emulated
 
 
 @pytest.mark.parametrize("library", BOTH)
@@ -51,13 +80,16 @@ def test_region_end_is_a_branch_after_the_team_barrier_call(library: Path | None
     path = present(library)
     point = probe_points.gomp_region_end(path)
     assert point is not None
-    assert point.instruction.startswith("j") and probe_points.is_emulated(point.instruction)
+    assert point.instruction.startswith("j") and point.emulated
     extent = returns.extent_of(point.address, returns.function_extents(path))
     assert extent is not None
     # It closes the first block of the function GOMP_parallel_end hands over to, after a call.
-    before = [i for a, i in returns.disassemble(path, *extent) if a < point.address]
-    assert any(i.startswith("call") for i in before)
-    assert not any(i.startswith(("j", "ret")) for i in before)
+    code = returns.disassemble(path, *extent)
+    before = [i for i in code if i.address < point.address]
+    assert any(i.kind == returns.CALL for i in before)
+    assert not any(i.kind in (returns.JUMP, returns.TABLE, returns.RET) for i in before)
+    (chosen,) = [i for i in code if i.address == point.address]
+    assert chosen.kind == returns.JUMP and probe_points.is_emulated(chosen)
     # And that function holds a way out of GOMP_parallel (a `ret`, or a tail call to free()).
     ends = returns.return_sites(path, "GOMP_parallel") or []
     assert any(extent[0] <= r < extent[1] for r in ends)
@@ -68,6 +100,24 @@ def test_region_end_is_a_branch_after_the_team_barrier_call(library: Path | None
     assert own is not None and not any(own[0] <= r < own[1] for r in ends)
 
 
+@pytest.mark.parametrize("library", BOTH)
+def test_points_of_known_builds(library: Path | None) -> None:
+    path = present(library)
+    expected = known(path, POINTS)
+    entries = [probe_points.entry_point(path, symbol) for symbol in GOMP_ENTRIES]
+    assert [point.address if point else None for point in entries] == expected["entries"]
+    assert all(
+        point and point.emulated and point.instruction.startswith("push") for point in entries
+    )
+    assert probe_points.gomp_region_end(path) == expected["end"]
+
+
+def test_openblas_has_no_cet_entry_and_no_team_barrier() -> None:
+    path = openblas()
+    assert probe_points.entry_point(path, "exec_blas") is None  # built without endbr64
+    assert probe_points.gomp_region_end(path) is None
+
+
 def test_other_code_gives_no_point(tmp_path: Path) -> None:
     assert probe_points.gomp_region_end("/bin/true") is None
     assert probe_points.entry_point(str(tmp_path / "missing.so"), "GOMP_parallel") is None
@@ -75,8 +125,8 @@ def test_other_code_gives_no_point(tmp_path: Path) -> None:
 
 
 def test_a_hit_costs_what_was_measured_for_its_kind() -> None:
-    push = probe_points.ProbePoint(0x116E4, "push   %r13")
-    ret = probe_points.ProbePoint(0x1CB2C, "ret")
+    push = probe_points.ProbePoint(0x116E4, "pushq %r13", True)
+    ret = probe_points.ProbePoint(0x1CB2C, "retq", False)
     assert probe_points.hit_cost_s(push) == probe_points.EMULATED_HIT_S
     assert probe_points.hit_cost_s(ret) == probe_points.STEPPED_HIT_S
     assert probe_points.hit_cost_s(None) == probe_points.STEPPED_HIT_S

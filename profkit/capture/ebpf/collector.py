@@ -281,8 +281,8 @@ class EbpfCollector:
             return
         bcc = load_bcc()
         try:
-            # readelf and objdump find the probe points while clang compiles: both run outside
-            # the GIL.
+            # The probe points are read from the runtimes' files while clang compiles (the compile
+            # is a ctypes call, outside the GIL).
             runtimes = program.runtimes
             with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
                 found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
@@ -359,8 +359,8 @@ class EbpfCollector:
                     probe("uretprobe", entry.symbol, sym=entry.symbol, fn_name="on_region_return")
                 self.warnings.append(
                     f"the returns of {', '.join(e.symbol for e in copy.entries)} in {path} could "
-                    "not be found (objdump/readelf missing or an indirect jump): region ends "
-                    "come from a uretprobe, which makes py-spy --native's pauses longer"
+                    "not be found (pyelftools/capstone unavailable or an indirect jump): region "
+                    "ends come from a uretprobe, which makes py-spy --native's pauses longer"
                 )
             for entry in copy.entries:
                 if entry.point is not None:

@@ -2,11 +2,9 @@
 
 A uprobe replaces one instruction with a breakpoint. The x86 kernel emulates a few kinds of
 instruction inside the trap (push of a register, a direct jmp, jcc or call, a nop); any other is
-copied out of line and single-stepped, a second exception. Measured on a 2-CPU VM (kernel 6.18,
-torch's libgomp, 256-KB parallel copies in a loop): a probe on `endbr64` or on `ret` cost
-10.3 us per hit, on `push`, `jmp`, `jcc` or `call` 0.6-1.4 us. The symbol and its `ret`s cost
-19.7 us per region, which is 3-7% of a server's request path at 1 700 regions a second; the two
-points chosen here cost 1.5 us.
+copied out of line and single-stepped, a second exception, and costs about ten times as much
+per hit. The symbol and its `ret`s cost a region over ten times what the two points chosen here
+do, enough to show in a server's throughput (docs/results/ebpf-cost.md#where-the-region-probes-sit).
 
 Entry: a function built with CET starts with `endbr64`, which is not emulated; the instruction
 after it runs on every call with the arguments still in their registers, so the probe goes there
@@ -21,56 +19,60 @@ either to gomp_team_end or to a local function whose only way on is gomp_team_en
 else gives None, and the caller falls back to the `ret` instructions (returns.py); the
 collector also counts entries against ends, so a path that bypassed the chosen point would show
 as regions without an end.
+
+The code is decoded with capstone (returns.py), which also says what the kernel emulates. That is
+claimed on x86-64 only: on aarch64 neither point is chosen, and the probes are the symbol and the
+`ret`s, as they were when objdump's x86 mnemonics were matched there.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from .returns import (
-    DIRECT_JUMP,
+    CALL,
+    ENDBR,
+    JUMP,
+    RET,
+    TABLE,
     TOOL_ERRORS,
+    Instruction,
     disassemble,
     extent_of,
     function_extents,
-    is_return,
     symbol_address,
 )
 
-DIRECT_CALL = re.compile(r"^(?:bnd\s+)?call[q]?\s+([0-9a-f]+)\b")
-REGISTER_PUSH = re.compile(r"^push[q]?\s+%r\w+$")
-NOPS = ("nop", "nopl", "nopw", "xchg   %ax,%ax")
-
-
-# What one hit costs the thread that takes it, measured as above; used to judge a target's
-# region rate before the probes stay on.
+# What one hit costs the thread that takes it, measured in a loop one probe at a time
+# (docs/results/ebpf-cost.md#where-the-region-probes-sit); used to judge a target's region rate
+# before the probes stay on.
 EMULATED_HIT_S = 1.0e-6
 STEPPED_HIT_S = 10.3e-6
 
 
 def hit_cost_s(point: ProbePoint | None) -> float:
     """A probe on this point; None is a symbol's start or a `ret`, which are single-stepped."""
-    return EMULATED_HIT_S if point is not None and is_emulated(point.instruction) else STEPPED_HIT_S
+    return EMULATED_HIT_S if point is not None and point.emulated else STEPPED_HIT_S
 
 
 @dataclass(frozen=True)
 class ProbePoint:
     address: int
-    instruction: str
+    instruction: str  # as capstone prints it: "pushq %r13", "jne 0x1cb60"
+    emulated: bool
 
 
-def is_emulated(instruction: str) -> bool:
-    """Whether the kernel's x86 uprobe code runs this instruction inside the trap."""
-    mnemonic = instruction.split()[0] if instruction else ""
-    if REGISTER_PUSH.match(instruction) or instruction.startswith(NOPS):
-        return True
-    if mnemonic.startswith("j"):
-        return DIRECT_JUMP.match(instruction) is not None
-    return DIRECT_CALL.match(instruction) is not None
+def is_emulated(instruction: Instruction) -> bool:
+    """Whether the kernel's x86 uprobe code runs this instruction inside the trap (decided as
+    the instruction is decoded, returns.py; never on another architecture)."""
+    return instruction.emulated
 
 
-def _code(path: str, address: int) -> tuple[tuple[int, int], list[tuple[int, str]]] | None:
+def _point(instruction: Instruction) -> ProbePoint:
+    return ProbePoint(instruction.address, instruction.text, instruction.emulated)
+
+
+def _code(path: str, address: int) -> tuple[tuple[int, int], list[Instruction]] | None:
     extent = extent_of(address, function_extents(path))
     if extent is None:
         return None
@@ -87,12 +89,12 @@ def entry_point(path: str, symbol: str) -> ProbePoint | None:
     if address is None or found is None:
         return None
     _, code = found
-    at = [i for i, (where, _) in enumerate(code) if where == address]
+    at = [i for i, instruction in enumerate(code) if instruction.address == address]
     if not at or at[0] + 1 >= len(code):
         return None
     first, second = code[at[0]], code[at[0] + 1]
-    if first[1].startswith("endbr64") and is_emulated(second[1]):
-        return ProbePoint(*second)
+    if first.kind == ENDBR and is_emulated(second):
+        return _point(second)
     return None
 
 
@@ -122,7 +124,7 @@ def _gomp_region_end(path: str) -> ProbePoint | None:
     if found is None:
         return None
     code, extent = found[1], found[0]
-    if any(is_return(instruction) for _, instruction in code):
+    if any(instruction.kind == RET for instruction in code):
         return None
     exits = set(_targets(code, extent, calls=False))  # its tail calls
     if not exits or not exits <= parts | {parallel_end}:
@@ -150,26 +152,25 @@ def _first_branch_after_call(path: str, address: int) -> ProbePoint | None:
     if found is None:
         return None
     calls = 0
-    for where, instruction in found[1]:
-        mnemonic = instruction.split()[0] if instruction else ""
-        if DIRECT_CALL.match(instruction):
+    for instruction in found[1]:
+        if instruction.kind == CALL and instruction.target is not None:
             calls += 1
-        elif mnemonic.startswith(("j", "ret", "rep")) or mnemonic.startswith("call"):
-            # The first block ends here: it must have waited on the barrier (a call) and end
-            # in a branch the kernel emulates.
-            if calls and is_emulated(instruction) and not mnemonic.startswith("call"):
-                return ProbePoint(where, instruction)
+        elif instruction.kind in (JUMP, TABLE, RET, CALL):
+            # The first block ends here: it must have waited on the barrier (a direct call) and
+            # end in a branch the kernel emulates.
+            if calls and instruction.kind == JUMP and is_emulated(instruction):
+                return _point(instruction)
             return None
     return None
 
 
-def _targets(code: list[tuple[int, str]], extent: tuple[int, int], calls: bool = True) -> list[int]:
+def _targets(code: list[Instruction], extent: tuple[int, int], calls: bool = True) -> list[int]:
     """Direct jump (and, with calls, call) targets outside the function."""
-    targets = []
-    for _, instruction in code:
-        match = DIRECT_JUMP.match(instruction) or (calls and DIRECT_CALL.match(instruction))
-        if match:
-            target = int(match.group(1), 16)
-            if not extent[0] <= target < extent[1]:
-                targets.append(target)
-    return targets
+    kinds = (JUMP, CALL) if calls else (JUMP,)
+    return [
+        instruction.target
+        for instruction in code
+        if instruction.kind in kinds
+        and instruction.target is not None
+        and not extent[0] <= instruction.target < extent[1]
+    ]

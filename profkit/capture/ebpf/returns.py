@@ -2,9 +2,9 @@
 
 A uretprobe rewrites the return address on the thread's stack to a trampoline. py-spy --native
 unwinds the main thread through that address while it is inside GOMP_parallel, and each of its
-samples then holds the target stopped longer: measured on 2 cores (fan-out recipe, 8 threads),
-py-spy with the uretprobe cost 7% of copies/s, without it 0-1%. A plain uprobe on each `ret`
-marks the same moment without touching the stack.
+samples then holds the target stopped longer, py-spy beside a uretprobe costing the target
+several times what it does without one (docs/results/ebpf-cost.md#why-no-uretprobe). A plain
+uprobe on each `ret` marks the same moment without touching the stack.
 
 libgomp's GOMP_parallel ends in `jmp GOMP_parallel_end`, which itself may `jmp` into a static
 gomp_team_end, so returns are collected across tail jumps; function extents come from the
@@ -12,32 +12,67 @@ gomp_team_end, so returns are collected across tail jumps; function extents come
 leaves the library for good (Debian's libgomp1 ends gomp_team_end in `jmp free@plt`): the jump
 itself is then the exit, and a direct jump is cheap to probe. Any other jump that cannot be
 followed (indirect, or to code without an FDE) makes the answer None: the caller then falls back
-to a uretprobe rather than miss a return.
+to a uretprobe rather than miss a return. An indirect jump marked `notrack` is a switch's jump
+table, which compilers building with CET mark so: its targets lie inside the function.
+
+The file is read in-process, without binutils: pyelftools for the sections, the symbol tables
+(local .symtab ones too, such as OpenBLAS's exec_blas) and the FDEs, capstone to decode the code,
+x86-64 and aarch64. On another machine, or where capstone cannot load, the answer is None, as it
+was where readelf and objdump were missing.
 """
 
 from __future__ import annotations
 
+import io
 import os
-import re
-import subprocess
+import stat
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import IO, Any
 
-FDE_RANGE = re.compile(r"pc=([0-9a-f]+)\.\.([0-9a-f]+)")
-INSTRUCTION = re.compile(r"^\s*([0-9a-f]+):\s+(.*)$")
-DIRECT_JUMP = re.compile(r"^(?:bnd\s+)?j[a-z]+\s+([0-9a-f]+)\b")
+from elftools.dwarf.callframe import FDE, CallFrameInfo
+from elftools.dwarf.structs import DWARFStructs
+from elftools.elf.constants import SH_FLAGS
+from elftools.elf.elffile import ELFFile
+
 MAX_FUNCTIONS = 8
-
-
-# What a failed or missing binutils tool raises here.
-TOOL_ERRORS = (subprocess.CalledProcessError, OSError)
-
-
-SECTION = re.compile(r"\]\s+(\S+)\s+\S+\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)")
 PLT_SECTIONS = (".plt", ".plt.got", ".plt.sec")
 
+# What an instruction does to the flow of control.
+RET = "ret"
+JUMP = "jump"  # target: a direct jump's destination; None: an indirect jump
+TABLE = "table"  # an indirect jump through a switch's jump table (`notrack jmp *%rax`)
+CALL = "call"  # target as for JUMP
+ENDBR = "endbr"  # endbr64, the first instruction of a function built with CET
+OTHER = "other"
 
-def _output(*args: str) -> str:
-    return subprocess.run(args, capture_output=True, text=True, check=True, errors="replace").stdout
+
+class UnreadableCode(ValueError):
+    """The file cannot be read as code here: not an ELF file, malformed tables, or an
+    architecture without a decoder."""
+
+
+# What reading a runtime's code can raise here; each means "no answer", never a crash: the
+# file is whatever the target mapped. ImportError: capstone's compiled library did not load.
+TOOL_ERRORS = (OSError, UnreadableCode, ImportError)
+
+
+@dataclass(frozen=True)
+class Instruction:
+    address: int
+    text: str  # as capstone prints it, AT&T syntax on x86: "pushq %r13", "jne 0x1cb60"
+    kind: str = OTHER
+    target: int | None = None  # where a direct jump or call goes
+    # The x86 kernel runs a uprobe on it inside the trap instead of single-stepping it: a push
+    # of a general register, a direct jmp, jcc or call, a nop (probe_points.py).
+    emulated: bool = False
+
+
+# The ELF machines whose code is decoded, by the names messages give them.
+MACHINES = {"EM_X86_64": "x86-64", "EM_AARCH64": "aarch64"}
 
 
 def _identity(path: str) -> tuple[str, int, int]:
@@ -46,45 +81,126 @@ def _identity(path: str) -> tuple[str, int, int]:
     return path, st.st_size, st.st_mtime_ns
 
 
+@contextmanager
+def _open(path: str) -> Iterator[IO[bytes]]:
+    """The file, when it is a regular one: a device or FIFO under a runtime's name is refused
+    before it is read (O_NONBLOCK so that the open itself cannot block)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise UnreadableCode(f"{path}: not a regular file")
+        yield f
+
+
+@contextmanager
+def _elf(path: str) -> Iterator[ELFFile]:
+    """The file, parsed by pyelftools; whatever a malformed file makes it raise (its own
+    errors, but also asserts, KeyError, struct.error...) becomes UnreadableCode."""
+    with _open(path) as f:
+        try:
+            yield ELFFile(f)
+        except UnreadableCode:
+            raise
+        except Exception as exc:
+            raise UnreadableCode(f"{path}: {type(exc).__name__}: {exc}") from exc
+
+
 # A library's tables are read once per process: several entry points of one runtime, and the
-# probe points beside them, all look in the same tables (an OpenBLAS build's frame table is
-# megabytes of text).
+# probe points beside them, all look in the same tables (an OpenBLAS build has 11 700 FDEs).
 @lru_cache(maxsize=16)
 def _extents(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, int], ...]:
-    text = _output("readelf", "--debug-dump=frames", path)
-    return tuple(sorted((int(a, 16), int(b, 16)) for a, b in FDE_RANGE.findall(text)))
+    """The address range of every FDE, in .eh_frame and (unstripped builds) .debug_frame."""
+    ranges = []
+    with _elf(path) as elf:
+        structs = DWARFStructs(
+            little_endian=elf.little_endian, dwarf_format=32, address_size=elf.elfclass // 8
+        )
+        for name, eh_frame in ((".eh_frame", True), (".debug_frame", False)):
+            section = elf.get_section_by_name(name)
+            if section is None or section["sh_type"] == "SHT_NOBITS":
+                continue
+            data = section.data()
+            table = _FrameRanges(io.BytesIO(data), len(data), section["sh_addr"], structs, eh_frame)
+            for entry in table.get_entries():
+                if isinstance(entry, FDE):
+                    start = entry.header["initial_location"]
+                    ranges.append((start, start + entry.header["address_range"]))
+    return tuple(sorted(ranges))
+
+
+class _FrameRanges(CallFrameInfo):
+    """pyelftools' CFI reader without the decoding of each entry's unwinding instructions: only
+    the ranges are wanted here, and decoding those instructions is most of the time on a large
+    library (docs/results/own-cost.md#start-up). The entries' headers are decoded as before."""
+
+    def _parse_instructions(self, structs: Any, offset: int, end_offset: int) -> list[Any]:
+        self.stream.seek(end_offset)
+        return []
+
+
+# Elf32_Sym and Elf64_Sym: the layout, and where the name, info, section index and value lie.
+SYMBOL_LAYOUTS = {32: ("IIIBBH", (0, 3, 5, 1)), 64: ("IBBHQQ", (0, 1, 3, 4))}
+STT_FUNC = 2
+SHN_UNDEF = 0
 
 
 @lru_cache(maxsize=16)
 def _functions(path: str, size: int, mtime_ns: int) -> dict[str, int]:
-    """Every function symbol (dynamic and, where present, static) by name."""
+    """Every defined function symbol (dynamic, then, where present, static) by name, the first
+    of a name kept. pyelftools finds the tables; their entries are unpacked with struct, as a
+    pyelftools Symbol object per entry costs far more on a large library
+    (docs/results/own-cost.md#start-up)."""
     functions: dict[str, int] = {}
-    for line in _output("readelf", "-Ws", "--dyn-syms", path).splitlines():
-        fields = line.split()
-        if len(fields) >= 8 and fields[3] == "FUNC":
-            functions.setdefault(fields[7].split("@")[0], int(fields[1], 16))
+    with _elf(path) as elf:
+        layout, (name_at, info_at, index_at, value_at) = SYMBOL_LAYOUTS[elf.elfclass]
+        entry = struct.Struct(("<" if elf.little_endian else ">") + layout)
+        for kind in ("SHT_DYNSYM", "SHT_SYMTAB"):
+            for table in elf.iter_sections(kind):
+                if table["sh_entsize"] != entry.size:
+                    continue
+                names = elf.get_section(table["sh_link"]).data()
+                data = table.data()
+                for fields in entry.iter_unpack(data[: len(data) - len(data) % entry.size]):
+                    start = fields[name_at]
+                    if fields[info_at] & 0xF != STT_FUNC or fields[index_at] == SHN_UNDEF:
+                        continue
+                    end = names.find(b"\0", start)
+                    name = names[start : end if end >= 0 else len(names)].decode(errors="replace")
+                    # A static table may spell a versioned definition "name@VERSION".
+                    if name := name.split("@")[0]:
+                        functions.setdefault(name, fields[value_at])
     return functions
 
 
 @lru_cache(maxsize=16)
 def _plt(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, int], ...]:
     """Address ranges of the PLT sections: stubs that jump to other libraries."""
-    ranges = []
-    for line in _output("readelf", "-SW", path).splitlines():
-        match = SECTION.search(line)
-        if match and match.group(1) in PLT_SECTIONS:
-            start, length = int(match.group(2), 16), int(match.group(3), 16)
-            ranges.append((start, start + length))
-    return tuple(sorted(ranges))
+    with _elf(path) as elf:
+        return tuple(
+            sorted(
+                (section["sh_addr"], section["sh_addr"] + section["sh_size"])
+                for section in elf.iter_sections()
+                if section.name in PLT_SECTIONS
+            )
+        )
+
+
+@lru_cache(maxsize=16)
+def _code(
+    path: str, size: int, mtime_ns: int
+) -> tuple[str, bool, tuple[tuple[int, int, int], ...]]:
+    """The machine, its byte order, and the executable sections as (address, end, offset)."""
+    with _elf(path) as elf:
+        sections = tuple(
+            (s["sh_addr"], s["sh_addr"] + s["sh_size"], s["sh_offset"])
+            for s in elf.iter_sections()
+            if s["sh_flags"] & SH_FLAGS.SHF_EXECINSTR and s["sh_type"] != "SHT_NOBITS"
+        )
+        return str(elf["e_machine"]), bool(elf.little_endian), sections
 
 
 def plt_ranges(path: str) -> list[tuple[int, int]]:
     return list(_plt(*_identity(path)))
-
-
-def is_return(instruction: str) -> bool:
-    mnemonic = instruction.split()[0] if instruction else ""
-    return mnemonic in ("ret", "retq") or instruction.startswith(("rep ret", "repz ret"))
 
 
 def function_extents(path: str) -> list[tuple[int, int]]:
@@ -106,21 +222,118 @@ def extent_of(address: int, extents: list[tuple[int, int]]) -> tuple[int, int] |
     return None
 
 
-def disassemble(path: str, start: int, end: int) -> list[tuple[int, str]]:
-    text = _output(
-        "objdump",
-        "-d",
-        "--no-show-raw-insn",
-        f"--start-address={start:#x}",
-        f"--stop-address={end:#x}",
-        path,
-    )
-    found = []
-    for line in text.splitlines():
-        match = INSTRUCTION.match(line)
-        if match:
-            found.append((int(match.group(1), 16), match.group(2).strip()))
-    return found
+def disassemble(path: str, start: int, end: int) -> list[Instruction]:
+    """The instructions from start to end (clipped to the executable section that holds start);
+    none where no such section does."""
+    machine, little_endian, sections = _code(*_identity(path))
+    for address, stop, offset in sections:
+        if address <= start < stop:
+            with _open(path) as f:
+                f.seek(offset + start - address)
+                code = f.read(max(0, min(end, stop) - start))
+            try:
+                return decode(machine, code, start, little_endian)
+            except UnreadableCode as exc:
+                raise UnreadableCode(f"{path}: {exc}") from None
+    return []
+
+
+def _capstone() -> Any:
+    """capstone, imported on first use: where its compiled library does not load, the ImportError
+    makes the answers None, as missing binutils did."""
+    import capstone  # type: ignore[import-untyped]  # no py.typed
+
+    return capstone
+
+
+def decode(
+    machine: str, code: bytes, address: int, little_endian: bool = True
+) -> list[Instruction]:
+    """The instructions of `code`, loaded at `address`, for an ELF e_machine ("EM_X86_64")."""
+    cs = _capstone()
+    if machine == "EM_X86_64":
+        arch, mode, classify = cs.CS_ARCH_X86, cs.CS_MODE_64, _x86
+    elif machine == "EM_AARCH64":
+        arch = getattr(cs, "CS_ARCH_ARM64", None) or getattr(cs, "CS_ARCH_AARCH64", None)
+        mode = cs.CS_MODE_ARM | (0 if little_endian else cs.CS_MODE_BIG_ENDIAN)
+        classify = _aarch64
+    else:
+        raise UnreadableCode(f"only x86-64 and aarch64 code is decoded (ELF machine {machine})")
+    if arch is None or not cs.cs_support(arch):
+        raise UnreadableCode(f"capstone {cs.__version__} has no {MACHINES[machine]} decoder")
+    # One decoder per call: the collector reads several runtimes from threads at once, and
+    # capstone's calls run outside the GIL on a handle that is not to be shared.
+    decoder = cs.Cs(arch, mode)
+    decoder.detail = True
+    decoder.skipdata = True  # bytes that decode to nothing are skipped, as objdump's "(bad)"
+    if arch == cs.CS_ARCH_X86:
+        decoder.syntax = cs.CS_OPT_SYNTAX_ATT
+    return [classify(cs, insn) for insn in decoder.disasm(code, address)]
+
+
+NOTRACK = 0x3E  # the prefix that exempts an indirect jump from CET's branch tracking
+
+
+def _x86(cs: Any, insn: Any) -> Instruction:
+    x86 = cs.x86_const
+    text = f"{insn.mnemonic} {insn.op_str}".strip()
+    if insn.id == 0:  # bytes skipped (skipdata): nothing else can be asked of them
+        return Instruction(insn.address, text)
+    if insn.id == x86.X86_INS_RET:
+        return Instruction(insn.address, text, RET)
+    if insn.id == x86.X86_INS_ENDBR64:
+        return Instruction(insn.address, text, ENDBR)
+    operands = insn.operands
+    target = operands[0].imm if operands and operands[0].type == x86.X86_OP_IMM else None
+    # The kernel emulates jumps and calls by opcode: jmp, jcc and call with a relative target,
+    # never with a 0x66 prefix, never jrcxz or loop (arch/x86/kernel/uprobes.c).
+    relative = target is not None and 0x66 not in insn.prefix
+    if insn.group(cs.CS_GRP_JUMP):
+        if target is None and NOTRACK in insn.prefix:
+            return Instruction(insn.address, text, TABLE)
+        counted = insn.id not in (x86.X86_INS_JRCXZ, x86.X86_INS_JECXZ, x86.X86_INS_JCXZ)
+        return Instruction(insn.address, text, JUMP, target, relative and counted)
+    if insn.group(cs.CS_GRP_CALL):
+        return Instruction(insn.address, text, CALL, target, relative)
+    if insn.id == x86.X86_INS_PUSH:
+        pushed = operands[0].reg if operands and operands[0].type == x86.X86_OP_REG else None
+        return Instruction(insn.address, text, emulated=pushed in _general_registers(cs))
+    return Instruction(insn.address, text, emulated=insn.id == x86.X86_INS_NOP)
+
+
+# The registers whose push the kernel emulates (opcodes 0x50-0x57, with REX.B for r8-r15).
+GENERAL_REGISTERS: tuple[str, ...] = ("RAX", "RBX", "RCX", "RDX", "RSI", "RDI", "RBP", "RSP")
+GENERAL_REGISTERS += tuple(f"R{n}" for n in range(8, 16))
+
+
+@lru_cache(maxsize=1)
+def _general_registers(cs: Any) -> frozenset[int]:
+    return frozenset(getattr(cs.x86_const, f"X86_REG_{name}") for name in GENERAL_REGISTERS)
+
+
+AARCH64_RETURNS = {"ret", "retaa", "retab"}
+AARCH64_JUMPS = {"b", "cbz", "cbnz", "tbz", "tbnz", "br", "braa", "brab", "braaz", "brabz"}
+AARCH64_CALLS = {"bl", "blr", "blraa", "blrab", "blraaz", "blrabz"}
+
+
+def _aarch64(cs: Any, insn: Any) -> Instruction:
+    """Returns, jumps and calls by mnemonic; a direct one's target is its last operand. Nothing
+    is claimed emulated: the costs in probe_points.py are the x86 kernel's."""
+    text = f"{insn.mnemonic} {insn.op_str}".strip()
+    mnemonic = insn.mnemonic
+    if insn.id == 0:
+        return Instruction(insn.address, text)
+    if mnemonic in AARCH64_RETURNS:
+        return Instruction(insn.address, text, RET)
+    if mnemonic in AARCH64_JUMPS or mnemonic.startswith("b."):
+        kind = JUMP
+    elif mnemonic in AARCH64_CALLS:
+        kind = CALL
+    else:
+        return Instruction(insn.address, text)
+    last = insn.operands[-1] if insn.operands else None
+    target = last.imm if last is not None and last.type == cs.CS_OP_IMM else None
+    return Instruction(insn.address, text, kind, target)
 
 
 def return_sites(path: str, symbol: str) -> list[int] | None:
@@ -148,17 +361,15 @@ def return_sites(path: str, symbol: str) -> list[int] | None:
             code = disassemble(path, *extent)
         except TOOL_ERRORS:
             return None
-        for address, instruction in code:
-            mnemonic = instruction.split()[0] if instruction else ""
-            if is_return(instruction):
-                returns.append(address)
-            elif mnemonic.startswith("j"):
-                jump = DIRECT_JUMP.match(instruction)
-                if jump is None:
+        for instruction in code:
+            if instruction.kind == RET:
+                returns.append(instruction.address)
+            elif instruction.kind == JUMP:
+                target = instruction.target
+                if target is None:
                     return None  # an indirect jump: it may leave the function
-                target = int(jump.group(1), 16)
                 if extent_of(target, plt) is not None:
-                    returns.append(address)  # a tail call out of the library
+                    returns.append(instruction.address)  # a tail call out of the library
                 elif not extent[0] <= target < extent[1]:
                     pending.append(target)
     return sorted(returns) or None
