@@ -21,6 +21,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from ..bundle.read import EbpfData, Frame, PythonSamples
 from .frames import KERNEL_OPS, aten_op, is_openmp_frame
 
 # py-spy stamps a sample after unwinding it, a little after the moment the thread was stopped.
+# How the pool's CPU was split over the sites: by the walker's stack per region, by py-spy
+# samples aligned to the regions, in proportion to py-spy's samples, or not at all.
+AttributionMethod = Literal["stack", "aligned", "proportional", "none"]
 ALIGN_TOLERANCE_NS = 3_000_000
 # A --nonblocking sample is read without stopping the thread: its stamp is close to its time.
 NONBLOCKING_TOLERANCE_NS = 500_000
@@ -48,7 +52,7 @@ class SiteShare:
 
 @dataclass(frozen=True)
 class Attribution:
-    method: str  # "stack", "aligned", "proportional" or "none"
+    method: AttributionMethod
     reason: str
     uncertainty: float  # in share units, 0..1
     labelled_share: float  # stack/aligned: fraction of pool CPU in regions with a known site
@@ -293,7 +297,7 @@ def _aligned(
     dispatchers: set[int],
     workers: set[int],
     window: tuple[int, int],
-) -> tuple[dict[Frame, float], dict[Frame, int], str, str, float]:
+) -> tuple[dict[Frame, float], dict[Frame, int], AttributionMethod, str, float]:
     if sched is None or not sched.uprobes_attached or len(sched.region_start) == 0:
         return {}, {}, "proportional", "no OpenMP region probes: split by sampled call sites", 0.0
     mask = (sched.region_start >= window[0]) & (sched.region_start <= window[1])

@@ -5,6 +5,7 @@ collector did. Capture writes these names and analysis reads them, so both take 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 MANIFEST = "manifest.json"
 # The manifest's layout version: a reader refuses a bundle with a newer one.
@@ -61,12 +62,19 @@ PARTS = (
 OWNER = {part.name: part.collector for part in PARTS if not part.raw}
 
 
+# How a collector did, and how the capture as a whole ended (the manifest's status).
+CollectorStatus = Literal["ok", "partial", "failed", "unavailable", "skipped"]
+CaptureStatus = Literal[
+    "capturing", "complete", "partial", "target exited", "target exec'd", "aborted"
+]
+
+
 @dataclass(frozen=True)
 class CollectorResult:
     """How one collector did; the manifest keeps one per collector under its name."""
 
     name: str
-    status: str  # "ok", "partial", "failed", "unavailable", "skipped"
+    status: CollectorStatus
     reason: str = ""
     samples: int = 0
     lost: int = 0

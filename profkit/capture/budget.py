@@ -14,8 +14,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..host import procfs
+
+# py-spy's sampling: --native (stops every thread per sample), --nonblocking (stops none),
+# or "auto", which the plan turns into one of the two.
+PySpyMode = Literal["auto", "native", "nonblocking"]
 
 TRACED_STATES = (ord("t"), ord("T"))
 
@@ -72,7 +77,7 @@ def pyspy_stop_share(probes: bool) -> float:
 def default_rate(
     threads: int,
     overhead_share: float,
-    mode: str = "native",
+    mode: PySpyMode = "native",
     cpus: float = 1.0,
     stop_share: float = PYSPY_STOP_SHARE,
 ) -> int:
@@ -92,7 +97,7 @@ def default_rate(
 
 def auto_mode(
     threads: int, overhead_share: float, cpus: float, stop_share: float = PYSPY_STOP_SHARE
-) -> tuple[str, str]:
+) -> tuple[PySpyMode, str]:
     """--native where even its slowest rate (1 Hz) fits the stops' part of the budget, else
     --nonblocking; and why."""
     cost = native_sample_cost_s(threads, cpus)

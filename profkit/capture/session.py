@@ -18,9 +18,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
-from ..bundle.parts import MANIFEST, OWNER, PERF_DATA, CollectorResult
+from ..bundle.parts import MANIFEST, OWNER, PERF_DATA, CaptureStatus, CollectorResult
 from ..bundle.safefile import held_directory
 from ..bundle.write import (
     collector_record,
@@ -97,7 +97,7 @@ class Progress:
 class Window:
     """How the window went, from Session.run to Session.close."""
 
-    status: str
+    status: CaptureStatus
     reason: str
     start_ns: int
     end_ns: int
@@ -110,7 +110,7 @@ class Window:
     interrupted: bool = False
 
 
-def target_state(target: Target) -> str | None:
+def target_state(target: Target) -> Literal["target exited", "target exec'd"] | None:
     """None while the target is the process that was inspected; else why it is not."""
     try:
         now = procfs.read_image(target.pid)
@@ -261,7 +261,8 @@ class Session:
             ebpf = self._running("ebpf", EbpfCollector)
             if ebpf is not None:
                 ebpf.wait_started(stop)
-            status, reason = "complete", ""
+            status: CaptureStatus = "complete"
+            reason = ""
             start = clock()
             tools_cpu_start = tools_cpu_by_process(self.record)
             monitor = BudgetMonitor(request.options.budget, start)

@@ -9,7 +9,13 @@ import click
 
 from ..bundle.write import default_directory
 from ..capture.budget import Budget
-from ..capture.collectors.base import CaptureOptions
+from ..capture.collectors.base import (
+    CaptureOptions,
+    EbpfSched,
+    PerfCallgraph,
+    PySpyMode,
+    PythonStacks,
+)
 from ..capture.plan import plan_capture
 from ..capture.runs import clean_stale
 from ..capture.session import CaptureRequest, capture
@@ -27,15 +33,15 @@ def run_capture(
     rate: int | None,
     collectors: str | None,
     max_size_mb: float,
-    perf_callgraph: str,
+    perf_callgraph: PerfCallgraph,
     perf_rate: int,
     no_report: bool,
     perf_scope: str = "cpu",
     budget_pct: float = 100 * Budget().overhead_share,
     tool_cores: float = Budget().tool_cores,
-    pyspy_mode: str = "auto",
-    ebpf_sched: str = "auto",
-    python_stacks: str = "auto",
+    pyspy_mode: PySpyMode = "auto",
+    ebpf_sched: EbpfSched = "auto",
+    python_stacks: PythonStacks = "auto",
     force: bool = False,
 ) -> int:
     """The capture options as capture_options names them; the exit code."""

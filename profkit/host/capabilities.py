@@ -14,11 +14,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from .cgroup import MOUNTINFO, parse_mountinfo
 from .tools import find_tool
 
-OK, MISSING, UNSUPPORTED, WARN = "ok", "missing", "unsupported", "warn"
+CheckStatus = Literal["ok", "missing", "unsupported", "warn"]
+OK: CheckStatus = "ok"
+MISSING: CheckStatus = "missing"
+UNSUPPORTED: CheckStatus = "unsupported"
+WARN: CheckStatus = "warn"
 CAPABILITY_BITS = {"CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_PERFMON": 38, "CAP_BPF": 39}
 SOFTWARE_EVENTS = ("task-clock", "context-switches", "cpu-migrations", "page-faults")
 HARDWARE_EVENTS = ("cycles", "instructions")
@@ -29,7 +34,7 @@ SETUP_FIX = "make setup (or scripts/setup.sh as root)"
 @dataclass(frozen=True)
 class Check:
     name: str
-    status: str
+    status: CheckStatus
     detail: str
     fix: str = ""
     core: bool = False  # without it profkit cannot capture anything useful

@@ -6,12 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from ...bundle.parts import CollectorResult
 from ...host.target import Target
-from ..budget import Budget
+from ..budget import Budget, PySpyMode
 from ..clock import Clock
+
+PythonStacks = Literal["auto", "off"]
+EbpfSched = Literal["auto", "on", "off"]
+PerfCallgraph = Literal["fp", "dwarf"]
 
 
 @dataclass(frozen=True)
@@ -25,11 +29,11 @@ class CaptureOptions:
     """How the collectors are to run, as the command asked and the plan decided."""
 
     budget: Budget = field(default_factory=Budget)
-    pyspy_mode: str = "native"  # or "nonblocking"; the plan decides what "auto" means
+    pyspy_mode: PySpyMode = "native"  # the plan decides what the command's "auto" means
     pyspy_mode_reason: str = ""  # why the plan chose --nonblocking
-    python_stacks: str = "auto"  # "off": no eBPF stack walker
-    ebpf_sched: str = "auto"  # "on", "off"
-    perf_callgraph: str = "fp"  # "dwarf"
+    python_stacks: PythonStacks = "auto"  # "off": no eBPF stack walker
+    ebpf_sched: EbpfSched = "auto"
+    perf_callgraph: PerfCallgraph = "fp"
     perf_rate_hz: int = 49
     perf_scope: str = "cpu"  # "thread"
     perf_max_mb: int = 64  # perf record's own bound on perf.data

@@ -11,7 +11,7 @@ import contextlib
 import json
 import os
 
-from ...bundle.parts import PROC, CollectorResult
+from ...bundle.parts import PROC, CollectorResult, CollectorStatus
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Target
@@ -188,7 +188,7 @@ class ProcCollector:
         }
         write_new(self._context.directory / PROC, json.dumps(payload))
         error = self._sampler.error
-        status = "failed" if error else "ok"
+        status: CollectorStatus = "failed" if error else "ok"
         return CollectorResult(
             self.name,
             status,

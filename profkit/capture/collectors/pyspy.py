@@ -17,7 +17,7 @@ import re
 import signal
 from pathlib import Path
 
-from ...bundle.parts import PYSPY, CollectorResult, pyspy_trace
+from ...bundle.parts import PYSPY, CollectorResult, CollectorStatus, pyspy_trace
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Target
@@ -190,7 +190,7 @@ class PySpyCollector:
         lost_segments = (
             f"segment {', '.join(map(str, cut))} lost: {interrupted}" if self._hurry and cut else ""
         )
-        status = "partial" if self.dropped or lost_segments else "ok"
+        status: CollectorStatus = "partial" if self.dropped or lost_segments else "ok"
         return CollectorResult(
             self.name,
             status,
