@@ -9,7 +9,7 @@ thousands: on a capture of the fan-out recipe that was nearly half of perf scrip
 
 from __future__ import annotations
 
-import sh
+import subprocess
 
 from ..host.tools import find_binary
 
@@ -26,8 +26,10 @@ def demangle(names: list[str]) -> dict[str, str]:
     path = find_binary(CXXFILT)
     if not mangled or path is None:
         return {}
-    out = sh.Command(path)("-p", _in="\n".join(mangled) + "\n", _tty_out=False)
-    lines = str(out).splitlines()
+    out = subprocess.run(
+        [path, "-p"], input="\n".join(mangled) + "\n", capture_output=True, text=True, check=False
+    )
+    lines = out.stdout.splitlines()
     if len(lines) != len(mangled):  # never pair names up wrongly: keep them mangled
         return {}
     return dict(zip(mangled, lines, strict=True))

@@ -1,8 +1,8 @@
 """External tools run as children: their own session, killed with profkit, under a watchdog.
 
-Tools are started through `sh` in the background with their own session, so that a Ctrl-C at
-the terminal reaches profkit only and profkit stops each tool in order (SIGINT lets py-spy and
-perf write their output). PR_SET_PDEATHSIG makes the kernel stop them if profkit dies outright.
+Tools are started with their own session, so that a Ctrl-C at the terminal reaches profkit
+only and profkit stops each tool in order (SIGINT lets py-spy and perf write their output).
+PR_SET_PDEATHSIG makes the kernel stop them if profkit dies outright.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import signal
+import subprocess
 import time
 from pathlib import Path
-
-import sh
 
 from ...bundle.safefile import open_new
 
@@ -49,18 +48,16 @@ class ChildTool:
         self._stderr = open(self.stderr_path, "wb", opener=_new_file)  # noqa: SIM115
         self.started_ns = time.monotonic_ns()
         # Arguments are passed as a list, never through a shell.
-        self._running = sh.Command(binary)(
-            *args,
-            _bg=True,
-            _bg_exc=False,
-            _out=self._stdout,
-            _err=self._stderr,
-            _new_session=True,
+        self._running = subprocess.Popen(
+            [binary, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=self._stdout,
+            stderr=self._stderr,
+            start_new_session=True,
             # The bundle directory: /proc/PID/cwd then names it, for anyone looking for the
             # tools a capture left (their output paths go through profkit's descriptor).
-            _cwd=str(directory),
-            _preexec_fn=_die_with_parent,
-            _ok_code=list(range(256)),
+            cwd=str(directory),
+            preexec_fn=_die_with_parent,
         )
         self.pid: int = self._running.pid
         self.exit_code: int | None = None
@@ -70,20 +67,18 @@ class ChildTool:
         self.signals_sent: list[str] = []
 
     def alive(self) -> bool:
-        return self._running.process.is_alive()[0]
+        return self._running.poll() is None
 
     def signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, OSError):
-            self._running.signal(sig)
+            self._running.send_signal(sig)
             self.signals_sent.append(sig.name)
 
     def wait(self, timeout: float) -> bool:
         try:
             self._running.wait(timeout=timeout)
-        except sh.TimeoutException:
+        except subprocess.TimeoutExpired:
             return False
-        except sh.ErrorReturnCode:
-            pass  # ended by a signal: sh reports that as an error, profkit as an exit code
         self._finish()
         return True
 
@@ -107,8 +102,7 @@ class ChildTool:
         return self.exit_code
 
     def _wait_by_clock(self, timeout: float) -> bool:
-        """wait(), against a deadline: sh's own wait polls every 0.1 s and counts its sleeps, not
-        the time, which on a busy machine runs longer than asked."""
+        """wait(), against a deadline, polled every POLL_S."""
         deadline = time.monotonic() + timeout
         while self.alive():
             left = deadline - time.monotonic()
@@ -128,9 +122,8 @@ class ChildTool:
         if self.exited_ns is None and not self.alive():
             self.exited_ns = time.monotonic_ns()
         if self.exit_code is None and not self.alive():
-            with contextlib.suppress(Exception):
-                self._running.wait(timeout=1)
-            self.exit_code = self._running.process.exit_code
+            # Negative for a signal, as os.waitpid's status reads.
+            self.exit_code = self._running.returncode
         for handle in (self._stdout, self._stderr):
             with contextlib.suppress(OSError):
                 handle.close()

@@ -20,10 +20,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-
-import sh
 
 from ...bundle.parts import PERF, PERF_DATA, CollectorResult
 from ...bundle.safefile import write_new
@@ -126,7 +125,8 @@ class PerfRecordCollector:
                 notes=notes,
             )
         fast_names = demangle.available()
-        script = sh.Command(self._tool.path)(
+        command = [
+            self._tool.path,
             "script",
             "-i",
             str(directory / PERF_DATA),
@@ -137,12 +137,17 @@ class PerfRecordCollector:
             str(self._context.target.pid),
             "-F",
             "tid,time,period,ip,sym,dso",
-            _iter=True,
-            _tty_out=False,
-            _err="/dev/null",
-            _ok_code=list(range(256)),
-        )
-        samples = parse_script(script)
+        ]
+        # Streamed: a long capture's text is far larger than its tables.
+        with subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+        ) as script:
+            assert script.stdout is not None
+            samples = parse_script(script.stdout)
         if fast_names:
             samples = demangle.rename_frames(
                 samples, demangle.demangle([f[0] for f in samples["frames"]])
