@@ -36,3 +36,4 @@ def test_wheel_contains_probes(tmp_path: Path) -> None:
     for probe in probes:
         assert f"profkit/capture/ebpf/probes/{probe}" in names
     assert "profkit/cli.py" in names and "profkit/commands/doctor.py" in names
+    assert "profkit/render/flame.js" in names  # the flame graph's script
