@@ -165,6 +165,16 @@ def test_the_namespace_label_is_read_inside_the_targets_root(tmp_path: Path) -> 
         shutil.rmtree(outside, ignore_errors=True)
 
 
+def attach(pid: int, bundle: Path, **flags: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        attach_command(pid, out=bundle, **flags),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
 def captured_text(bundle: Path, report: str) -> str:
     """Everything a capture published: its printed report, every bundle file, the HTML."""
     html = bundle.parent / "report.html"
@@ -183,13 +193,7 @@ def test_a_root_only_file_a_hot_function_names_appears_nowhere(
     try:
         assert target.stdout is not None and target.stdout.readline() == "ready\n"
         bundle = tmp_path / "bundle"
-        result = subprocess.run(
-            attach_command(target.pid, duration=3, out=bundle),
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
+        result = attach(target.pid, bundle, duration=3)
         assert result.returncode == 0, result.stderr
         ebpf = json.loads((bundle / "ebpf.json").read_text())
         assert ebpf["python"]["walker"] == "on", ebpf["python"]
@@ -239,13 +243,7 @@ def test_a_fifo_or_a_device_as_the_file_name_costs_nothing(
         assert target.stdout is not None and target.stdout.readline() == "ready\n"
         bundle = tmp_path / "bundle"
         started = time.monotonic()
-        result = subprocess.run(
-            attach_command(target.pid, duration=2, out=bundle),
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
+        result = attach(target.pid, bundle, duration=2)
         took = time.monotonic() - started
         assert result.returncode == 0, result.stderr
         manifest = json.loads((bundle / "manifest.json").read_text())
@@ -271,13 +269,7 @@ def test_an_exec_during_a_capture_is_not_called_complete(tmp_path: Path) -> None
     try:
         assert target.stdout is not None and target.stdout.readline() == "ready\n"
         bundle = tmp_path / "bundle"
-        result = subprocess.run(
-            attach_command(target.pid, duration=30, collectors="proc", out=bundle, report=False),
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
+        result = attach(target.pid, bundle, duration=30, collectors="proc", report=False)
         manifest = json.loads((bundle / "manifest.json").read_text())
         assert manifest["status"] == "target exec'd", (manifest, result.stderr)
     finally:

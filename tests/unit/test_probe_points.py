@@ -7,18 +7,10 @@ from pathlib import Path
 import pytest
 
 from profkit.capture.ebpf import probe_points, returns
+from profkit.capture.ebpf.regions import GOMP_ENTRIES
 
 from .libgomps import BOTH, present
 from .test_returns import known, openblas
-
-GOMP_ENTRIES = (
-    "GOMP_parallel",
-    "GOMP_parallel_loop_static",
-    "GOMP_parallel_loop_dynamic",
-    "GOMP_parallel_loop_guided",
-    "GOMP_parallel_loop_runtime",
-    "GOMP_parallel_sections",
-)
 
 # The points objdump's text gave in these builds (compared when profkit stopped using it): the
 # entry of each GOMP_parallel* after its endbr64, and the branch after the team barrier.
