@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test` (CI runs this one).
-# Both lint and test run ruff and type-check profkit with mypy (configured in pyproject.toml).
+# Both lint and test run ruff and type-check profkit, the tests, the benchmarks and the recipes
+# with mypy (configured in pyproject.toml).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PROFKIT := $(VENV)/bin/profkit

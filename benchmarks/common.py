@@ -19,7 +19,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:  # profkit's eBPF side is imported where a benchmark needs it
+    from profkit.capture.ebpf.loader import BpfProgram
 
 ROOT = Path(__file__).resolve().parent.parent
 FANOUT = ROOT / "recipes" / "shm_fanout.py"
@@ -226,7 +230,9 @@ def libgomp_of(pid: int) -> str:
     raise SystemExit(f"process {pid} maps no libgomp")
 
 
-def load_region_program(bcc, path: str, walker: bool, pid: int = 0, native_stacks: int = 0):  # type: ignore[no-untyped-def]  # no stubs
+def load_region_program(
+    bcc: ModuleType, path: str, walker: bool, pid: int = 0, native_stacks: int = 0
+) -> BpfProgram:
     """The region program, with the walker reading the threads of pid (this process unless
     told); with native_stacks, its on-CPU sampler takes every thread's native stacks too."""
     from profkit.capture.ebpf.collector import OpenMPProgram
@@ -261,7 +267,7 @@ def region_probe_points(path: str, entries: int | None = None) -> list[tuple[int
     return [*points, (found.end.address, "on_region_return")]
 
 
-def attach_points(bpf: Any, path: str, pid: int, points: list[tuple[int, str]]) -> None:
+def attach_points(bpf: BpfProgram, path: str, pid: int, points: list[tuple[int, str]]) -> None:
     """Each (address, handler) attached as a uprobe of this libgomp copy in process pid."""
     for address, handler in points:
         bpf.attach_uprobe(name=path, addr=address, fn_name=handler, pid=pid)

@@ -72,7 +72,7 @@ from profkit.capture.collectors.child import ChildTool
 from profkit.capture.collectors.perfrecord import record_args
 from profkit.capture.collectors.procstat import ProcCollector
 from profkit.capture.ebpf.collector import PYTHON_SAMPLE_HZ
-from profkit.capture.ebpf.loader import detach_uprobes, load_bcc
+from profkit.capture.ebpf.loader import BpfProgram, detach_uprobes, load_bcc
 from profkit.capture.ebpf.native import NATIVE_STACK_ENTRIES
 from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
 from profkit.host import procfs
@@ -132,7 +132,7 @@ class Probes:
         if entry is None or end is None:
             raise SystemExit(f"no emulated entry and end points in {self.path}")
         self.entry, self.end = entry.address, end.address
-        self.programs = {
+        self.programs: dict[str, BpfProgram] = {
             "regions": load_region_program(bcc, self.path, walker=True, pid=pid),
             "traps": bcc.BPF(text=TRAPS_ONLY),
             "native": load_region_program(
@@ -140,13 +140,13 @@ class Probes:
             ),
         }
         self._bcc = bcc
-        self._sampling: object | None = None
+        self._sampling: BpfProgram | None = None
         self.switching = Switching(self)
         self.switching2 = Switching(self, entries=1)
         self.perf = PerfRecord()
         self.sampler = Sampler(pid)
 
-    def points(self, layout: str) -> list[tuple[object, int, str]]:
+    def points(self, layout: str) -> list[tuple[BpfProgram, int, str]]:
         name, entry, end = LAYOUTS[layout]
         if not name:
             return []
@@ -160,7 +160,7 @@ class Probes:
             self.perf.start(child=layout == "perf-child")
         if layout in ON_CPU_SAMPLERS:
             bpf = self.programs[ON_CPU_SAMPLERS[layout]]
-            bpf.attach_perf_event(  # type: ignore[attr-defined]
+            bpf.attach_perf_event(
                 ev_type=self._bcc.PerfType.SOFTWARE,
                 ev_config=self._bcc.PerfSWConfig.CPU_CLOCK,
                 fn_name="on_cpu_sample",
@@ -174,7 +174,7 @@ class Probes:
         if layout == "switch2":
             self.switching2.start()
         for bpf, address, handler in self.points(layout):
-            bpf.attach_uprobe(name=self.path, addr=address, fn_name=handler, pid=self.pid)  # type: ignore[attr-defined]
+            bpf.attach_uprobe(name=self.path, addr=address, fn_name=handler, pid=self.pid)
 
     def detach(self, layout: str) -> None:
         self.switching.stop()
@@ -183,7 +183,7 @@ class Probes:
         self.sampler.stop()
         self._stop_sampling()
         for bpf, address, _ in self.points(layout):
-            bpf.detach_uprobe(name=self.path, addr=address, pid=self.pid)  # type: ignore[attr-defined]
+            bpf.detach_uprobe(name=self.path, addr=address, pid=self.pid)
 
     def regions(self) -> int:
         counts = self.programs["regions"]["entry_count"]
@@ -191,7 +191,7 @@ class Probes:
 
     def _stop_sampling(self) -> None:
         if self._sampling is not None:
-            self._sampling.detach_perf_event(  # type: ignore[attr-defined]
+            self._sampling.detach_perf_event(
                 ev_type=self._bcc.PerfType.SOFTWARE, ev_config=self._bcc.PerfSWConfig.CPU_CLOCK
             )
             self._sampling = None
@@ -231,12 +231,12 @@ class Switching:
             self.cycles += 1
 
     def attach_all(self) -> None:
-        before = set(self._bpf.uprobe_fds)  # type: ignore[attr-defined]
+        before = set(self._bpf.uprobe_fds)
         attach_points(self._bpf, self._path, self._pid, self.points)
-        self._attached = set(self._bpf.uprobe_fds) - before  # type: ignore[attr-defined]
+        self._attached = set(self._bpf.uprobe_fds) - before
 
     def detach_all(self) -> None:
-        detach_uprobes(self._bpf, self._attached)  # type: ignore[arg-type]
+        detach_uprobes(self._bpf, self._attached)
         self._attached = set()
 
     def stop(self) -> None:

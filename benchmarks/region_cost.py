@@ -36,7 +36,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads its Op
 import torch
 
 from profkit.capture.ebpf.collector import OpenMPProgram, SchedProgram
-from profkit.capture.ebpf.loader import load_bcc
+from profkit.capture.ebpf.loader import BpfProgram, load_bcc
 from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
 from profkit.capture.ebpf.pywalk import compile_flags
 from profkit.host.pyruntime import detect, thread_states
@@ -64,7 +64,7 @@ def cpu_per_copy(
 
 
 class Part:
-    def __init__(self, name: str, attach: Callable[[], object | None]) -> None:
+    def __init__(self, name: str, attach: Callable[[], BpfProgram | None]) -> None:
         self.name = name
         self.attach = attach
         self.per_copy: list[float] = []
@@ -90,7 +90,7 @@ def main() -> int:
     layout = detect(pid)
     walker = compile_flags(layout)
 
-    def load(source: str, flags: list[str], sample: bool = False) -> object:
+    def load(source: str, flags: list[str], sample: bool = False) -> BpfProgram:
         bpf = bcc.BPF(text=source, cflags=flags)
         if "-DPYSTACK" in flags:
             table = bpf["tstates"]
@@ -105,10 +105,10 @@ def main() -> int:
             )
         return bpf
 
-    def attached(bpf: object, end_probe: bool = True) -> object:
-        bpf.attach_uprobe(name=path, addr=entry.address, fn_name="on_entry_0", pid=pid)  # type: ignore[attr-defined]
+    def attached(bpf: BpfProgram, end_probe: bool = True) -> BpfProgram:
+        bpf.attach_uprobe(name=path, addr=entry.address, fn_name="on_entry_0", pid=pid)
         if end_probe:
-            bpf.attach_uprobe(name=path, addr=end.address, fn_name="on_region_return", pid=pid)  # type: ignore[attr-defined]
+            bpf.attach_uprobe(name=path, addr=end.address, fn_name="on_region_return", pid=pid)
         return bpf
 
     runtimes = (Runtime("libgomp", path),)
@@ -143,11 +143,11 @@ def main() -> int:
                 per_copy, copies = cpu_per_copy(source, destination, args.seconds, args.depth)
                 part.per_copy.append(per_copy)
                 if bpf is not None and part.name == "regions":
-                    counted = int(bpf["region_count"][0].value)  # type: ignore[index]
+                    counted = int(bpf["region_count"][0].value)
                     part.regions_per_copy.append(counted / copies)
             finally:
                 if bpf is not None:
-                    bpf.cleanup()  # type: ignore[attr-defined]
+                    bpf.cleanup()
     bare = statistics.median(parts[0].per_copy)
     print(f"{'part':<18} {'us/copy':>8} {'+us/region':>11}   windows (us/copy)")
     previous = bare
@@ -158,9 +158,9 @@ def main() -> int:
         print(f"{part.name:<18} {median * 1e6:8.2f} {(median - bare) * 1e6:+11.2f}   {each}{step}")
         if not part.name.startswith("bare"):
             previous = median
-    counted = parts[3].regions_per_copy
-    if counted:
-        print(f"# regions per copy counted by the region program: {statistics.median(counted):.3f}")
+    counts = parts[3].regions_per_copy
+    if counts:
+        print(f"# regions per copy counted by the region program: {statistics.median(counts):.3f}")
     return 0
 
 

@@ -33,6 +33,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from benchmarks.common import ROOT, Progress, fanout_command, stop_process
 from profkit.host import procfs
@@ -52,6 +53,16 @@ class Arm:
         return float(sum(run.done_between(start_ns, end_ns) for run in self.runs))
 
 
+class Sample(TypedDict):
+    """The agent read every 10 s of the watch phase."""
+
+    t_s: float
+    rss_mib: float
+    cpu_s: float
+    fds: dict[str, int]
+    watched: int | None
+
+
 def start_recipe(group: QuotaGroup) -> Progress:
     process = subprocess.Popen(
         fanout_command("--report-every", "1", unbuffered=True),
@@ -64,7 +75,7 @@ def start_recipe(group: QuotaGroup) -> Progress:
     return Progress(process)
 
 
-def stop_agent(agent: subprocess.Popen[str]) -> float | None:
+def stop_agent(agent: subprocess.Popen[bytes]) -> float | None:
     """SIGTERM; how long the agent took to exit, None if it had to be killed."""
     stopping = time.monotonic()
     if not stop_process(agent, signal.SIGTERM, timeout=10):
@@ -143,8 +154,8 @@ def main() -> int:
             for name in ("A", "B")
         ]
         start = time.monotonic()
-        agent: subprocess.Popen[str] | None = None
-        samples: list[dict[str, object]] = []
+        agent: subprocess.Popen[bytes] | None = None
+        samples: list[Sample] = []
         # The control time is split around the watch phase, so that the load of the machine
         # drifting over the run weighs on both alike.
         watch_from, watch_to = start + control_s / 2, start + total_s - control_s / 2
@@ -214,12 +225,12 @@ def main() -> int:
     # Per restart cycle: the RSS trough (between probe compiles, which briefly take tens of
     # MiB) and the most descriptors held (every probe of the cycle loaded). Flat troughs and
     # equal peaks across cycles: nothing accumulates.
-    cycles: dict[int, list[dict[str, object]]] = {}
+    cycles: dict[int, list[Sample]] = {}
     for sample in samples[1:]:
-        at = watch_from + float(sample["t_s"]) - start  # type: ignore[arg-type]
+        at = watch_from + float(sample["t_s"]) - start
         cycles.setdefault(int(at // args.restart_every), []).append(sample)
-    troughs = [min(float(x["rss_mib"]) for x in c) for _, c in sorted(cycles.items())]  # type: ignore[arg-type]
-    fd_peaks = [max(int(x["fds"]["total"]) for x in c) for _, c in sorted(cycles.items())]  # type: ignore[index]
+    troughs = [min(float(x["rss_mib"]) for x in c) for _, c in sorted(cycles.items())]
+    fd_peaks = [max(int(x["fds"]["total"]) for x in c) for _, c in sorted(cycles.items())]
     result = {
         "minutes": args.minutes,
         "restart_every_s": args.restart_every,
@@ -232,13 +243,13 @@ def main() -> int:
         "watch_ratio_a_over_b": watch_ratio,
         "cost": 1 - watch_ratio / control_ratio,
         "agent_cpu_cores": (
-            (float(samples[-1]["cpu_s"]) - float(samples[0]["cpu_s"]))  # type: ignore[arg-type]
-            / max(1e-9, float(samples[-1]["t_s"]) - float(samples[0]["t_s"]))  # type: ignore[arg-type]
+            (float(samples[-1]["cpu_s"]) - float(samples[0]["cpu_s"]))
+            / max(1e-9, float(samples[-1]["t_s"]) - float(samples[0]["t_s"]))
             if len(samples) >= 2
             else None
         ),
         "rss_mib_trough_per_cycle": troughs,
-        "rss_mib_max": max((float(x["rss_mib"]) for x in samples), default=None),  # type: ignore[arg-type]
+        "rss_mib_max": max((float(x["rss_mib"]) for x in samples), default=None),
         "fds_peak_per_cycle": fd_peaks,
         "agent_stop_s": stop_took,
         "agent_exit": agent.returncode if agent is not None else None,

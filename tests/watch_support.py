@@ -155,7 +155,8 @@ def prometheus(targets: list[str], scrape_s: int = 5) -> Iterator[str]:
             deadline = time.monotonic() + 60
             while True:
                 if process.poll() is not None:
-                    raise AssertionError(f"prometheus exited: {process.stderr.read()}")  # type: ignore[union-attr]
+                    assert process.stderr is not None
+                    raise AssertionError(f"prometheus exited: {process.stderr.read()}")
                 with contextlib.suppress(OSError):
                     http_get(f"{base}/-/ready", timeout=2)
                     break

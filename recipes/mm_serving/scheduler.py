@@ -6,13 +6,15 @@ import os
 import sys
 import traceback
 from multiprocessing import shared_memory
+from multiprocessing.queues import Queue
+from typing import Any
 
 import torch
 
 from .model import VisionStep, summary
 
 
-def run(requests, responses, threads: int, device: str) -> None:  # type: ignore[no-untyped-def]
+def run(requests: Queue[Any], responses: Queue[Any], threads: int, device: str) -> None:
     torch.set_num_threads(threads)
     model = VisionStep().to(device)
     responses.put(("ready", os.getpid(), None))

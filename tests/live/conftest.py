@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeAlias
 
 import pytest
 
@@ -103,8 +103,27 @@ def _start(
     return recipe
 
 
+# What a module's shared-capture fixture gives: the bundle's directory and the recipe it captured.
+Captured: TypeAlias = tuple[Path, Recipe]
+
+
+class StartRecipe(Protocol):
+    """What the start_recipe fixture gives: start(script, *args, ...) -> Recipe."""
+
+    def __call__(
+        self,
+        script: str,
+        *args: str,
+        cores: float | None = None,
+        on_parent: bool = False,
+        env: dict[str, str] | None = None,
+        warmup: float = 0.5,
+        python: str | None = None,
+    ) -> Recipe: ...
+
+
 @pytest.fixture
-def start_recipe() -> Iterator:
+def start_recipe() -> Iterator[StartRecipe]:
     """start_recipe(script, *args, cores=None, on_parent=False, env=None, warmup=0.5,
     python=None): python is another interpreter to run the recipe with."""
     started: list[Recipe] = []

@@ -10,10 +10,14 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from ..support import ROOT
+
+if TYPE_CHECKING:  # playwright is imported where a test needs it (need_chromium)
+    from playwright.sync_api import Page
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SPEEDSCOPE = ROOT / ".cache/node/node_modules/speedscope/dist/release"
@@ -57,7 +61,7 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def browser_page() -> Iterator[tuple[object, list[str]]]:
+def browser_page() -> Iterator[tuple[Page, list[str]]]:
     """A Chromium page and the list of script errors it reports."""
     from playwright.sync_api import sync_playwright
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ..support import RECIPES, run_profkit
-from .conftest import attach
+from .conftest import StartRecipe, attach
 
 pytestmark = pytest.mark.root
 
@@ -30,7 +30,7 @@ def by_id(report: dict) -> dict[str, dict]:
     return {finding["id"]: finding for finding in report["findings"]}
 
 
-def test_fanout_in_half_a_core(start_recipe, tmp_path: Path) -> None:
+def test_fanout_in_half_a_core(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe(
         "shm_fanout.py", "--copy", "torch", "--threads", "8", cores=0.5, warmup=1.0
     )
@@ -64,7 +64,9 @@ def test_fanout_in_half_a_core(start_recipe, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args", [("--copy", "numpy", "--threads", "8"), ("--copy", "torch", "--threads", "1")]
 )
-def test_no_fanout_finding_without_fanout(start_recipe, tmp_path: Path, args) -> None:  # type: ignore[no-untyped-def]
+def test_no_fanout_finding_without_fanout(
+    start_recipe: StartRecipe, tmp_path: Path, args: tuple[str, ...]
+) -> None:
     recipe = start_recipe("shm_fanout.py", *args, warmup=1.0)
     report = profile(recipe.pid, tmp_path / "b", duration=4.0)
     assert "cpu-fanout" not in by_id(report), report["findings"]
@@ -72,7 +74,7 @@ def test_no_fanout_finding_without_fanout(start_recipe, tmp_path: Path, args) ->
     assert cpu["closure_pct"] <= 3.0
 
 
-def test_two_call_sites_are_told_apart(start_recipe, tmp_path: Path) -> None:
+def test_two_call_sites_are_told_apart(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("two_sites.py", "--threads", "8", warmup=1.0)
     # Default settings: the eBPF walker reads each region's Python stack, so no sampling rate
     # decides whether the site is found.
@@ -85,7 +87,9 @@ def test_two_call_sites_are_told_apart(start_recipe, tmp_path: Path) -> None:
     assert by_id(report)["cpu-fanout"]["evidence"]["function"] == "copy_fanout"
 
 
-def test_two_call_sites_without_the_scheduler_traced(start_recipe, tmp_path: Path) -> None:
+def test_two_call_sites_without_the_scheduler_traced(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
     # What a busy machine gets: region uprobes, but no sched tracepoints (weights by length).
     recipe = start_recipe("two_sites.py", "--threads", "8", warmup=1.0)
     report = profile(recipe.pid, tmp_path / "b", "--ebpf-sched", "off", duration=6.0)
@@ -100,7 +104,7 @@ def test_two_call_sites_without_the_scheduler_traced(start_recipe, tmp_path: Pat
 
 
 def test_without_native_frames_or_region_probes_the_report_says_why_no_site(
-    start_recipe, tmp_path: Path
+    start_recipe: StartRecipe, tmp_path: Path
 ) -> None:
     """What a machine without bcc gets where --native costs more than the budget allows."""
     recipe = start_recipe("shm_fanout.py", "--threads", "8", warmup=1.0)

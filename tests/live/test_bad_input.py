@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from ..support import NOBODY, SYSTEM_PYTHON, one_line, profkit_in
 
 
 @pytest.fixture
-def python_target():  # type: ignore[no-untyped-def]
+def python_target() -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen([sys.executable, "-c", "import time, torch; time.sleep(60)"])
     time.sleep(1.5)
     yield process
@@ -34,7 +35,7 @@ def python_target():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def sleeper():  # type: ignore[no-untyped-def]
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen(["sleep", "60"])
     yield process
     process.kill()
@@ -62,7 +63,12 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_case(case: str, tmp_path: Path, python_target, sleeper) -> None:  # type: ignore[no-untyped-def]
+def test_bad_input_case(
+    case: str,
+    tmp_path: Path,
+    python_target: subprocess.Popen[bytes],
+    sleeper: subprocess.Popen[bytes],
+) -> None:
     args, code = CASES[case]
     args = [
         a.replace("{python}", str(python_target.pid)).replace("{sleeper}", str(sleeper.pid))
@@ -95,7 +101,7 @@ def test_python_without_torch_is_captured_with_a_note(tmp_path: Path) -> None:
 @pytest.mark.skipif(
     not Path(SYSTEM_PYTHON).exists(), reason=f"needs {SYSTEM_PYTHON} to run profkit as another user"
 )
-def test_non_root_user(python_target) -> None:  # type: ignore[no-untyped-def]
+def test_non_root_user(python_target: subprocess.Popen[bytes]) -> None:
     import tempfile
 
     tmp_path = Path(tempfile.mkdtemp(prefix="profkit-nobody-"))
@@ -111,7 +117,7 @@ def test_non_root_user(python_target) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.root
-def test_output_on_a_full_tmpfs(tmp_path: Path, python_target) -> None:  # type: ignore[no-untyped-def]
+def test_output_on_a_full_tmpfs(tmp_path: Path, python_target: subprocess.Popen[bytes]) -> None:
     mount = tmp_path / "small"
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
@@ -131,7 +137,9 @@ def test_output_on_a_full_tmpfs(tmp_path: Path, python_target) -> None:  # type:
         subprocess.run(["umount", str(mount)], check=False)
 
 
-def test_existing_nonempty_output_directory(tmp_path: Path, python_target) -> None:  # type: ignore[no-untyped-def]
+def test_existing_nonempty_output_directory(
+    tmp_path: Path, python_target: subprocess.Popen[bytes]
+) -> None:
     out = tmp_path / "b"
     out.mkdir()
     (out / "keep.txt").write_text("mine")

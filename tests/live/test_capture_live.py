@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from profkit.host import procfs
 from recipes.launch import attach_command
 
 from ..support import ROOT, run_profkit
-from .conftest import attach
+from .conftest import Captured, Recipe, StartRecipe, attach
 from .copy_kernel import copy_kernel_samples, inside_regions
 
 pytestmark = pytest.mark.root
@@ -34,9 +35,9 @@ ALL = ("--collectors", "all")
 
 
 @pytest.fixture(scope="module")
-def fanout_capture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def fanout_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Captured]:
     """One capture of the fanout recipe (8 threads), shared by the tests below."""
-    from .conftest import Recipe, _start
+    from .conftest import _start
 
     out = tmp_path_factory.mktemp("fanout") / "bundle"
     recipe: Recipe = _start(
@@ -62,7 +63,7 @@ def fanout_capture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no
     yield out, recipe
 
 
-def progress(recipe) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
+def progress(recipe: Recipe) -> list[tuple[int, int]]:
     return [
         (int(line.split("t_ns=")[1]), int(line.split()[1].split("=")[1]))
         for line in recipe.output.splitlines()
@@ -70,7 +71,7 @@ def progress(recipe) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
     ]
 
 
-def test_all_six_collectors_have_data(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_all_six_collectors_have_data(fanout_capture: Captured) -> None:
     out, _ = fanout_capture
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "complete"
@@ -82,7 +83,7 @@ def test_all_six_collectors_have_data(fanout_capture) -> None:  # type: ignore[n
     assert oct((out / "manifest.json").stat().st_mode & 0o777) == "0o600"
 
 
-def test_startup_and_teardown_are_accounted_for(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_startup_and_teardown_are_accounted_for(fanout_capture: Captured) -> None:
     """What starting and stopping cost goes to the manifest, tool by tool. How long they take
     is a measurement, made side by side by benchmarks/attach_span.py (the ranges
     docs/safety.md quotes), not a bound for a test on a shared machine."""
@@ -109,7 +110,7 @@ def test_startup_and_teardown_are_accounted_for(fanout_capture) -> None:  # type
     assert perf_exit in (0, -signal.SIGINT), manifest["collectors"]["perf_record"]
 
 
-def test_window_cpu_is_split_by_tool(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_window_cpu_is_split_by_tool(fanout_capture: Captured) -> None:
     out, _ = fanout_capture
     window = json.loads((out / "manifest.json").read_text())["window"]
     by_tool = window["tools_cpu_by_tool_s"]
@@ -119,7 +120,7 @@ def test_window_cpu_is_split_by_tool(fanout_capture) -> None:  # type: ignore[no
     # Not "> 0": CPU times tick at 10 ms, and py-spy at 2 Hz may use less than one in a window.
 
 
-def test_the_window_opens_after_pyspys_attach_stop(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_the_window_opens_after_pyspys_attach_stop(fanout_capture: Captured) -> None:
     out, _ = fanout_capture
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["collectors"]["pyspy"]["notes"]["native"] == [True]
@@ -128,14 +129,14 @@ def test_the_window_opens_after_pyspys_attach_stop(fanout_capture) -> None:  # t
     assert attach_stop is not None and attach_stop >= LONG_STOP_S, manifest["startup"]
 
 
-def test_cgroup_sampling_follows_the_quota(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_cgroup_sampling_follows_the_quota(fanout_capture: Captured) -> None:
     out, _ = fanout_capture
     cgroup = json.loads((out / "cgroup.json").read_text())
     # Without a quota nothing is throttled, so there is no period to resolve.
     assert cgroup["interval_s"] == (0.1 if cgroup["effective_cores"] else 1.0)
 
 
-def test_perf_shows_workers_in_the_copy_kernel(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_perf_shows_workers_in_the_copy_kernel(fanout_capture: Captured) -> None:
     out, recipe = fanout_capture
     bundle = load_bundle(out)
     assert bundle.perf is not None
@@ -149,7 +150,7 @@ def test_perf_shows_workers_in_the_copy_kernel(fanout_capture) -> None:  # type:
     assert len(kernel_tids) >= 4, kernel_tids
 
 
-def test_region_count_matches_copies(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_region_count_matches_copies(fanout_capture: Captured) -> None:
     out, recipe = fanout_capture
     bundle = load_bundle(out)
     assert bundle.sched is not None and bundle.sched.uprobes_attached
@@ -164,7 +165,7 @@ def test_region_count_matches_copies(fanout_capture) -> None:  # type: ignore[no
     assert abs(regions - copies) <= 0.05 * copies, (regions, copies)
 
 
-def test_region_ends_follow_the_workers_copy_work(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_region_ends_follow_the_workers_copy_work(fanout_capture: Captured) -> None:
     """The end probe sits after the team's final barrier: every region the entry probe saw
     ends, and the workers' samples in the copy kernel fall inside a region."""
     out, recipe = fanout_capture
@@ -178,18 +179,19 @@ def test_region_ends_follow_the_workers_copy_work(fanout_capture) -> None:  # ty
     assert inside_regions(bundle, times) >= 0.9 * len(times), len(times)
 
 
-def test_main_thread_wakes_the_workers(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_main_thread_wakes_the_workers(fanout_capture: Captured) -> None:
     out, recipe = fanout_capture
     bundle = load_bundle(out)
     assert bundle.sched is not None
     woken = {
         wakee for waker, wakee, count in bundle.sched.wakeups if waker == recipe.pid and count >= 10
     }
-    workers = {int(t) for t in np.unique(bundle.perf.tid)} - {recipe.pid}  # type: ignore[union-attr]
+    assert bundle.perf is not None
+    workers = {int(t) for t in np.unique(bundle.perf.tid)} - {recipe.pid}
     assert len(woken & workers) >= 4, (woken, workers)
 
 
-def test_proc_threads_sum_to_process_total(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_proc_threads_sum_to_process_total(fanout_capture: Captured) -> None:
     out, _ = fanout_capture
     bundle = load_bundle(out)
     proc = bundle.proc
@@ -206,7 +208,9 @@ def test_proc_threads_sum_to_process_total(fanout_capture) -> None:  # type: ign
     assert abs(threads - total) <= 0.02 * total, (threads, total)
 
 
-def test_proc_reads_the_main_thread_often_and_every_thread_each_second(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_proc_reads_the_main_thread_often_and_every_thread_each_second(
+    fanout_capture: Captured,
+) -> None:
     out, recipe = fanout_capture
     proc = json.loads((out / "proc.json").read_text())
     assert (proc["interval_s"], proc["thread_interval_s"]) == (0.2, 1.0)
@@ -228,7 +232,7 @@ def test_proc_reads_the_main_thread_often_and_every_thread_each_second(fanout_ca
         assert (runtime >= 0 and vcsw >= 0) == (t in ends), (t, runtime, vcsw)
 
 
-def test_pyspy_is_on_the_bundle_clock(fanout_capture) -> None:  # type: ignore[no-untyped-def]
+def test_pyspy_is_on_the_bundle_clock(fanout_capture: Captured) -> None:
     out, recipe = fanout_capture
     bundle = load_bundle(out)
     assert bundle.pyspy is not None
@@ -246,7 +250,7 @@ def test_pyspy_is_on_the_bundle_clock(fanout_capture) -> None:  # type: ignore[n
     assert exited - 500_000_000 <= bundle.pyspy.end_ns.max() <= exited, notes
 
 
-def test_capture_without_bcc_says_why(start_recipe, tmp_path: Path) -> None:
+def test_capture_without_bcc_says_why(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "4")
     result = attach(recipe.pid, tmp_path / "b", env={"PROFKIT_DISABLE_BCC": "1"}, duration=2)
     assert result.returncode == 0, result.stderr
@@ -300,14 +304,16 @@ def _interrupt(process: subprocess.Popen[str]) -> float:
     return time.monotonic() - sent
 
 
-def _start_attach(tmp_path: Path, command: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+def _start_attach(
+    tmp_path: Path, command: list[str], env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
         return subprocess.Popen(
             command, cwd=ROOT, stdout=out, stderr=err, text=True, env={**os.environ, **(env or {})}
         )
 
 
-def test_sigint_stops_quickly_and_leaves_nothing(start_recipe, tmp_path: Path) -> None:
+def test_sigint_stops_quickly_and_leaves_nothing(start_recipe: StartRecipe, tmp_path: Path) -> None:
     """Ctrl-C ends a capture within 2 s whatever py-spy is doing. py-spy notices SIGINT only
     at its next sample and then sleeps one more random gap (2 s on average at the 1 Hz asked
     for here, so it is nearly always still sampling when its 0.5 s are over): it is killed,
@@ -469,7 +475,9 @@ def test_sigint_while_pyspy_holds_the_target_leaves_it_running(tmp_path: Path) -
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs to pin the target to one")
-def test_perf_samples_only_the_cpus_the_target_may_use(start_recipe, tmp_path: Path) -> None:
+def test_perf_samples_only_the_cpus_the_target_may_use(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "2")
     for tid in procfs.list_tids(recipe.pid):
         os.sched_setaffinity(tid, {0})
@@ -485,7 +493,7 @@ def test_perf_samples_only_the_cpus_the_target_may_use(start_recipe, tmp_path: P
     assert tids <= set(procfs.list_tids(recipe.pid))
 
 
-def test_thread_scope_keeps_perf_data(start_recipe, tmp_path: Path) -> None:
+def test_thread_scope_keeps_perf_data(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "2")
     out = tmp_path / "b"
     result = attach(
@@ -509,7 +517,9 @@ while True:
 """
 
 
-def test_a_busy_machine_is_not_traced_at_every_switch(start_recipe, tmp_path: Path) -> None:
+def test_a_busy_machine_is_not_traced_at_every_switch(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "2")
     busy = subprocess.Popen([sys.executable, "-c", PING_PONG])
     try:
@@ -535,7 +545,9 @@ def test_a_busy_machine_is_not_traced_at_every_switch(start_recipe, tmp_path: Pa
     assert "scheduler tracepoints skipped" in report.stdout
 
 
-def test_a_flood_of_small_regions_switches_the_region_probes(start_recipe, tmp_path: Path) -> None:
+def test_a_flood_of_small_regions_switches_the_region_probes(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
     """64-KB copies start a region each: on 2 idle cores over a thousand a second, at the 17 us
     a region counts in place over the probes' part of a 2% budget. How many a machine runs is
     its own (26 a second on 2 cores at a load average of 12), so every budget below is derived
@@ -630,7 +642,9 @@ def test_a_flood_of_small_regions_switches_the_region_probes(start_recipe, tmp_p
     assert recipe.process.poll() is None, "the target keeps running"
 
 
-def test_fast_demangling_names_every_frame_as_perf_does(start_recipe, tmp_path: Path) -> None:
+def test_fast_demangling_names_every_frame_as_perf_does(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
     from profkit.capture import demangle
     from profkit.capture.collectors.perfrecord import parse_script
     from profkit.capture.demangle import rename_frames

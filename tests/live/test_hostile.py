@@ -12,8 +12,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -71,6 +72,9 @@ for name in names:
         pass
 print("planted", flush=True)
 """
+
+# A test function, which apply() gives back with its marks.
+Test = TypeVar("Test", bound=Callable[..., object])
 
 needs_other_user = [
     pytest.mark.root,
@@ -137,10 +141,10 @@ def start_planter(bundle: Path, victims: Path, swap: bool) -> subprocess.Popen[s
     )
 
 
-def apply(marks: list[pytest.MarkDecorator]):  # type: ignore[no-untyped-def]
+def apply(marks: list[pytest.MarkDecorator]) -> Callable[[Test], Test]:
     """Several marks kept in one list, applied to a test."""
 
-    def decorate(function):  # type: ignore[no-untyped-def]
+    def decorate(function: Test) -> Test:
         for mark in marks:
             function = mark(function)
         return function
@@ -150,8 +154,8 @@ def apply(marks: list[pytest.MarkDecorator]):  # type: ignore[no-untyped-def]
 
 @apply(needs_other_user)
 def test_out_owned_by_another_user_is_refused_and_no_victim_changes(
-    shared_dir: Path, python_sleeper, run_dir
-) -> None:  # type: ignore[no-untyped-def]
+    shared_dir: Path, python_sleeper: subprocess.Popen[bytes], run_dir: dict[str, str]
+) -> None:
     victims = shared_dir / "victims"
     before = victims_in(victims)
     out = shared_dir / "theirs"
@@ -178,8 +182,8 @@ def test_out_owned_by_another_user_is_refused_and_no_victim_changes(
 
 @apply(needs_other_user)
 def test_links_planted_in_a_swapped_directory_are_never_written_through(
-    shared_dir: Path, python_sleeper, run_dir
-) -> None:  # type: ignore[no-untyped-def]
+    shared_dir: Path, python_sleeper: subprocess.Popen[bytes], run_dir: dict[str, str]
+) -> None:
     """Nobody owns the parent: it renames profkit's new bundle away and puts a directory of
     its own, full of links to the victims, in its place while profkit captures."""
     victims = shared_dir / "victims"
@@ -222,8 +226,8 @@ def test_links_planted_in_a_swapped_directory_are_never_written_through(
 @pytest.mark.root
 @pytest.mark.parametrize("link_to", ["nothing", "an empty directory"])
 def test_out_that_is_a_link_is_refused(
-    link_to: str, tmp_path: Path, python_sleeper, run_dir
-) -> None:  # type: ignore[no-untyped-def]
+    link_to: str, tmp_path: Path, python_sleeper: subprocess.Popen[bytes], run_dir: dict[str, str]
+) -> None:
     pointed = tmp_path / "pointed"
     if link_to != "nothing":
         pointed.mkdir(mode=0o755)
@@ -242,7 +246,9 @@ def test_out_that_is_a_link_is_refused(
 
 
 @pytest.mark.root
-def test_out_that_others_may_write_to_is_refused(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
+def test_out_that_others_may_write_to_is_refused(
+    tmp_path: Path, python_sleeper: subprocess.Popen[bytes], run_dir: dict[str, str]
+) -> None:
     out = tmp_path / "open"
     out.mkdir()
     out.chmod(0o1777)
@@ -267,8 +273,8 @@ def test_out_that_others_may_write_to_is_refused(tmp_path: Path, python_sleeper,
     ids=lambda a: " ".join(a) or "empty",
 )
 def test_bad_numbers_exit_2_at_once_and_start_nothing(
-    args: list[str], tmp_path: Path, python_sleeper
-) -> None:  # type: ignore[no-untyped-def]
+    args: list[str], tmp_path: Path, python_sleeper: subprocess.Popen[bytes]
+) -> None:
     out = tmp_path / "bundle"
     env = {**os.environ, "PROFKIT_RUN_DIR": str(tmp_path / "run")}
     process = subprocess.Popen(
@@ -328,8 +334,8 @@ def tools_writing_into(profkit_pid: int) -> list[str]:
 
 @pytest.mark.root
 def test_an_unexpected_exception_marks_the_bundle_aborted_at_once(
-    tmp_path: Path, python_sleeper, run_dir
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, python_sleeper: subprocess.Popen[bytes], run_dir: dict[str, str]
+) -> None:
     out = tmp_path / "bundle"
     process = subprocess.Popen(
         [
@@ -370,8 +376,8 @@ def test_an_unexpected_exception_marks_the_bundle_aborted_at_once(
 
 @pytest.mark.root
 def test_a_killed_profkits_bundle_is_marked_aborted_by_the_next_run(
-    tmp_path: Path, python_sleeper, run_dir
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, python_sleeper: subprocess.Popen[bytes], run_dir: dict[str, str]
+) -> None:
     out = tmp_path / "killed"
     process = subprocess.Popen(
         attach_command(
@@ -404,7 +410,9 @@ def test_a_killed_profkits_bundle_is_marked_aborted_by_the_next_run(
 
 
 @pytest.mark.root
-def test_a_disk_that_fills_mid_capture_aborts_it(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
+def test_a_disk_that_fills_mid_capture_aborts_it(
+    tmp_path: Path, python_sleeper: subprocess.Popen[bytes], run_dir: dict[str, str]
+) -> None:
     mount = tmp_path / "small"
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True)
@@ -446,8 +454,8 @@ def test_a_disk_that_fills_mid_capture_aborts_it(tmp_path: Path, python_sleeper,
 
 @pytest.mark.root
 def test_a_second_capture_of_one_target_is_refused_or_forced_and_recorded(
-    tmp_path: Path, python_sleeper, run_dir
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, python_sleeper: subprocess.Popen[bytes], run_dir: dict[str, str]
+) -> None:
     first = tmp_path / "first"
     pid = str(python_sleeper.pid)
     process = subprocess.Popen(
@@ -489,7 +497,9 @@ def test_a_second_capture_of_one_target_is_refused_or_forced_and_recorded(
 
 
 @pytest.mark.root
-def test_perf_killed_by_someone_else_says_so(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
+def test_perf_killed_by_someone_else_says_so(
+    tmp_path: Path, python_sleeper: subprocess.Popen[bytes], run_dir: dict[str, str]
+) -> None:
     out = tmp_path / "bundle"
     process = subprocess.Popen(
         attach_command(
@@ -518,7 +528,9 @@ def test_perf_killed_by_someone_else_says_so(tmp_path: Path, python_sleeper, run
 
 
 @pytest.mark.root
-def test_a_target_that_exits_reads_as_such(tmp_path: Path, python_sleeper, run_dir) -> None:  # type: ignore[no-untyped-def]
+def test_a_target_that_exits_reads_as_such(
+    tmp_path: Path, python_sleeper: subprocess.Popen[bytes], run_dir: dict[str, str]
+) -> None:
     out = tmp_path / "bundle"
     process = subprocess.Popen(
         attach_command(python_sleeper.pid, duration=20, collectors="proc", out=out, report=False),
@@ -652,8 +664,8 @@ def test_a_perf_the_kernel_refuses_reads_as_permission_denied(shared_dir: Path) 
 
 @pytest.mark.root
 def test_no_collector_able_to_start_leaves_an_aborted_bundle(
-    tmp_path: Path, python_sleeper, run_dir
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, python_sleeper: subprocess.Popen[bytes], run_dir: dict[str, str]
+) -> None:
     out = tmp_path / "bundle"
     result = profkit(
         *attach_args(python_sleeper.pid, duration=1, collectors="perf_record", out=out),

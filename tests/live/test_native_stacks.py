@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,16 +15,16 @@ from profkit.bundle.read import load_bundle
 from profkit.capture.ebpf.native import KERNEL_DSO
 
 from ..support import ROOT, run_profkit
-from .conftest import attach
+from .conftest import Captured, Recipe, StartRecipe, attach
 from .copy_kernel import copy_kernel_samples, inside_regions
 
 pytestmark = pytest.mark.root
 
 
 @pytest.fixture(scope="module")
-def default_capture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def default_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Captured]:
     """One default capture of the fan-out recipe (8 threads), shared by the tests below."""
-    from .conftest import Recipe, _start
+    from .conftest import _start
 
     out = tmp_path_factory.mktemp("native") / "bundle"
     recipe: Recipe = _start(
@@ -36,7 +37,7 @@ def default_capture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[n
     yield out, recipe
 
 
-def test_no_perf_record_and_every_thread_sampled(default_capture) -> None:  # type: ignore[no-untyped-def]
+def test_no_perf_record_and_every_thread_sampled(default_capture: Captured) -> None:
     out, recipe = default_capture
     manifest = json.loads((out / "manifest.json").read_text())
     assert "perf_record" not in manifest["collectors"] or (
@@ -57,7 +58,9 @@ def test_no_perf_record_and_every_thread_sampled(default_capture) -> None:  # ty
     assert len(set(bundle.perf.tid.tolist()) - {recipe.pid}) >= 4
 
 
-def test_workers_in_the_copy_kernel_and_the_kernels_frames(default_capture) -> None:  # type: ignore[no-untyped-def]
+def test_workers_in_the_copy_kernel_and_the_kernels_frames(
+    default_capture: Captured,
+) -> None:
     out, recipe = default_capture
     bundle = load_bundle(out)
     samples = copy_kernel_samples(bundle, recipe.pid)
@@ -65,6 +68,7 @@ def test_workers_in_the_copy_kernel_and_the_kernels_frames(default_capture) -> N
     # Copying into fresh shared memory faults every page in: the kernel's half of the stack is
     # there, named from kallsyms, below the user frames (root first: user, then kernel).
     perf = bundle.perf
+    assert perf is not None
     kernel = [
         stack
         for stack in perf.stacks
@@ -77,7 +81,7 @@ def test_workers_in_the_copy_kernel_and_the_kernels_frames(default_capture) -> N
     assert any("fault" in name for name in names), sorted(names)[:20]
 
 
-def test_copy_kernel_samples_fall_inside_regions(default_capture) -> None:  # type: ignore[no-untyped-def]
+def test_copy_kernel_samples_fall_inside_regions(default_capture: Captured) -> None:
     """Both on the one clock: the workers' samples in the copy kernel lie inside the regions the
     probes saw."""
     out, recipe = default_capture
@@ -89,7 +93,9 @@ def test_copy_kernel_samples_fall_inside_regions(default_capture) -> None:  # ty
     assert inside_regions(bundle, times) >= 0.9 * len(times), len(times)
 
 
-def test_the_report_names_the_op_and_the_workers_activity(default_capture) -> None:  # type: ignore[no-untyped-def]
+def test_the_report_names_the_op_and_the_workers_activity(
+    default_capture: Captured,
+) -> None:
     out, _ = default_capture
     reported = run_profkit("report", str(out), "--format", "json")
     assert reported.returncode == 0, reported.stderr
@@ -101,7 +107,9 @@ def test_the_report_names_the_op_and_the_workers_activity(default_capture) -> No
     assert row["op"] == "aten::copy_" and row["site"].endswith("shm_fanout.py:24"), row
 
 
-def test_dwarf_call_graphs_bring_perf_record_back(tmp_path: Path, start_recipe) -> None:  # type: ignore[no-untyped-def]
+def test_dwarf_call_graphs_bring_perf_record_back(
+    tmp_path: Path, start_recipe: StartRecipe
+) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "2")
     out = tmp_path / "b"
     result = attach(recipe.pid, out, "--perf-callgraph", "dwarf", duration=1.0)

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from ..support import ROOT
 
 @pytest.mark.root
 @pytest.mark.timeout(240)
-def test_a_short_run_prints_one_row_per_configuration_and_pool(tmp_path) -> None:
+def test_a_short_run_prints_one_row_per_configuration_and_pool(tmp_path: Path) -> None:
     raw = tmp_path / "ratios.json"
     result = subprocess.run(
         [

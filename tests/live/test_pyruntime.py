@@ -122,7 +122,9 @@ def running_target(
 
 
 @pytest.fixture(scope="module", params=list(INTERPRETERS))
-def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+def target(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Target]:
     if os.geteuid() != 0:
         pytest.skip("needs root (reads other processes)")
     python, version = INTERPRETERS[request.param]

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from profkit.capture.budget import REGION_PROBE_SHARE
 
 from ..support import RECIPES, run_profkit
-from .conftest import attach
+from .conftest import StartRecipe, attach
 
 pytestmark = pytest.mark.root
 
@@ -57,14 +58,14 @@ def grafts(folded: str) -> set[tuple[str, ...]]:
     return chains
 
 
-def assert_ratio(counts: dict[str, float], tolerance: float) -> None:
+def assert_ratio(counts: Mapping[str, float], tolerance: float) -> None:
     """counts per site against 1:2:3, each within `tolerance` (relative)."""
     unit = counts["site_one"]
     for site, weight in SITES.items():
         assert counts[site] == pytest.approx(weight * unit, rel=tolerance), counts
 
 
-def test_three_sites_at_default_settings(start_recipe, tmp_path: Path) -> None:
+def test_three_sites_at_default_settings(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
     captured = attach(recipe.pid, tmp_path / "b", duration=5.0)
     assert captured.returncode == 0, captured.stderr
@@ -93,7 +94,7 @@ def test_three_sites_at_default_settings(start_recipe, tmp_path: Path) -> None:
     assert nested in chains, chains
 
 
-def test_three_sites_with_the_probes_switched(start_recipe, tmp_path: Path) -> None:
+def test_three_sites_with_the_probes_switched(start_recipe: StartRecipe, tmp_path: Path) -> None:
     """A budget too small for the probes switches them: off as the window opens, on for the
     last part of it (a window under 45 s is one period). With the scheduler traced, each
     region's worker time is what ran between it and the next, and the pool's CPU must still
@@ -153,7 +154,7 @@ def test_three_sites_with_the_probes_switched(start_recipe, tmp_path: Path) -> N
         assert rows[site]["share"] == pytest.approx(weight / 6, abs=0.05), rows
 
 
-def test_nested_frames_give_the_whole_stack(start_recipe, tmp_path: Path) -> None:
+def test_nested_frames_give_the_whole_stack(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("sites.py", "--pool", "gomp", "--rounds-per-s", "50", warmup=0.5)
     captured = attach(recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=2.0)
     assert captured.returncode == 0, captured.stderr
@@ -174,7 +175,7 @@ def test_nested_frames_give_the_whole_stack(start_recipe, tmp_path: Path) -> Non
     assert lines == [line_of("# helper outer"), line_of("# helper inner"), line_of("# site three")]
 
 
-def test_dispatch_from_a_second_thread(start_recipe, tmp_path: Path) -> None:
+def test_dispatch_from_a_second_thread(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe(
         "sites.py", "--pool", "gomp", "--rounds-per-s", "50", "--thread", warmup=0.5
     )
@@ -194,7 +195,7 @@ STATIC_PYTHON = Path("/usr/bin/python3.11")
 
 
 @pytest.mark.parametrize("minor", ["3.10", "3.11", "3.12", "3.13", "3.11-static"])
-def test_every_supported_python(start_recipe, tmp_path: Path, minor: str) -> None:
+def test_every_supported_python(start_recipe: StartRecipe, tmp_path: Path, minor: str) -> None:
     if minor.endswith("-static"):
         assert STATIC_PYTHON.exists(), "Debian's python3.11 (bcc's own Python) is missing"
         python: str | None = str(STATIC_PYTHON)
@@ -211,7 +212,7 @@ def test_every_supported_python(start_recipe, tmp_path: Path, minor: str) -> Non
     part = python_part(tmp_path / "b")
     assert part["walker"] == "on" and part["version"] == minor, part
     assert part["counts"]["read_failures"] == 0 and part["counts"]["truncated"] == 0, part
-    by_site = {}
+    by_site: dict[str, int] = {}
     # Stacks with regions: the others are on-CPU samples of the loop between regions.
     for stack in (s for s in part["stacks"] if s["regions"]):
         inner = stack["frames"][-1]
@@ -222,7 +223,9 @@ def test_every_supported_python(start_recipe, tmp_path: Path, minor: str) -> Non
     assert_ratio(by_site, 0.05)
 
 
-def test_unknown_interpreter_falls_back_with_the_reason(start_recipe, tmp_path: Path) -> None:
+def test_unknown_interpreter_falls_back_with_the_reason(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
     python = interpreter("3.9")
     if python is None:
         pytest.skip("no CPython 3.9 installed to stand for an unknown layout")
@@ -239,7 +242,7 @@ def test_unknown_interpreter_falls_back_with_the_reason(start_recipe, tmp_path: 
     assert ebpf["regions"]["tid"] and set(ebpf["regions"]["stack"]) == {-1}
 
 
-def test_without_bcc_the_site_comes_from_pyspy(start_recipe, tmp_path: Path) -> None:
+def test_without_bcc_the_site_comes_from_pyspy(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
     captured = attach(recipe.pid, tmp_path / "b", env={"PROFKIT_DISABLE_BCC": "1"}, duration=3.0)
     assert captured.returncode == 0, captured.stderr
@@ -251,7 +254,7 @@ def test_without_bcc_the_site_comes_from_pyspy(start_recipe, tmp_path: Path) -> 
     assert manifest["collectors"]["ebpf"]["status"] == "unavailable"
 
 
-def test_every_copy_of_a_runtime_is_probed(start_recipe, tmp_path: Path) -> None:
+def test_every_copy_of_a_runtime_is_probed(start_recipe: StartRecipe, tmp_path: Path) -> None:
     """Two copies of libgomp mapped (as a package bundling its own brings): both probed, and
     each region counted against the copy that ran it."""
     recipe = start_recipe("sites.py", "--pool", "gomp2", "--rounds-per-s", "50", warmup=0.5)
@@ -294,7 +297,7 @@ def test_every_copy_of_a_runtime_is_probed(start_recipe, tmp_path: Path) -> None
     }, report["attribution"]
 
 
-def test_openblas_pool_attributed_to_its_line(start_recipe, tmp_path: Path) -> None:
+def test_openblas_pool_attributed_to_its_line(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe(
         "sites.py", "--pool", "blas", "--rounds-per-s", "10", env={"OPENBLAS_NUM_THREADS": "2"}
     )
@@ -312,7 +315,7 @@ def test_openblas_pool_attributed_to_its_line(start_recipe, tmp_path: Path) -> N
         assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
 
 
-def test_offcpu_python_stacks_without_pyspy(start_recipe, tmp_path: Path) -> None:
+def test_offcpu_python_stacks_without_pyspy(start_recipe: StartRecipe, tmp_path: Path) -> None:
     """With the scheduler traced, the walker reads each Python thread's stack as it leaves
     the CPU: the main thread, waiting on the dispatching thread, is off CPU at its join."""
     recipe = start_recipe(
@@ -338,7 +341,9 @@ def test_offcpu_python_stacks_without_pyspy(start_recipe, tmp_path: Path) -> Non
     assert waits >= 0.8 * seconds, (waits, seconds)
 
 
-def test_system_libgomp_regions_end_at_the_team_barrier(start_recipe, tmp_path: Path) -> None:
+def test_system_libgomp_regions_end_at_the_team_barrier(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
     """Debian's libgomp1 has GOMP_parallel_end inlined and a tail call to free() at the end: its
     regions still end at the cheap team-barrier point, every one seen to its end, in the
     sites' 1:2:3 ratio."""

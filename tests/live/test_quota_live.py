@@ -9,11 +9,12 @@ import pytest
 from profkit.host import cgroup
 
 from ..support import run_profkit
+from .conftest import StartRecipe
 
 pytestmark = pytest.mark.root
 
 
-def test_effective_quota_and_counters_match_cpu_stat(start_recipe) -> None:
+def test_effective_quota_and_counters_match_cpu_stat(start_recipe: StartRecipe) -> None:
     recipe = start_recipe("shm_fanout.py", "--copy", "torch", "--threads", "4", cores=0.5)
     cg = cgroup.cpu_cgroup(recipe.pid)
     assert cg.effective_cores == pytest.approx(0.5)
@@ -33,7 +34,7 @@ def test_effective_quota_and_counters_match_cpu_stat(start_recipe) -> None:
     assert window.usage_cores == pytest.approx(0.5, abs=0.08)
 
 
-def test_cli_reports_quota_json(start_recipe) -> None:
+def test_cli_reports_quota_json(start_recipe: StartRecipe) -> None:
     recipe = start_recipe("shm_fanout.py", "--copy", "torch", "--threads", "4", cores=0.5)
     result = run_profkit("quota", "--pid", str(recipe.pid), "--window", "1.5", "--json")
     assert result.returncode == 0, result.stderr
@@ -48,7 +49,7 @@ def test_cli_reports_quota_json(start_recipe) -> None:
         assert key in report
 
 
-def test_quota_on_parent_is_found_and_named(start_recipe) -> None:
+def test_quota_on_parent_is_found_and_named(start_recipe: StartRecipe) -> None:
     recipe = start_recipe(
         "shm_fanout.py", "--copy", "torch", "--threads", "4", cores=0.5, on_parent=True
     )
@@ -61,7 +62,7 @@ def test_quota_on_parent_is_found_and_named(start_recipe) -> None:
     assert report["throttled_periods"] > 0
 
 
-def test_oversubscription_is_said_plainly(start_recipe) -> None:
+def test_oversubscription_is_said_plainly(start_recipe: StartRecipe) -> None:
     recipe = start_recipe(
         "shm_fanout.py", "--threads", "2", cores=0.5, env={"OMP_NUM_THREADS": "8"}
     )

@@ -20,6 +20,7 @@ from profkit.host.target import inspect
 from recipes.launch import attach_args, attach_command
 
 from ..support import ROOT, run_profkit
+from .conftest import StartRecipe
 
 pytestmark = pytest.mark.root
 ALL = ("--collectors", "all")
@@ -99,7 +100,7 @@ INT3 = 0xCC
 # machine and up to twice that on a busy one; each has its own hang guard (run_profkit's timeout),
 # so the test's own bound only has to cover thirty of them.
 @pytest.mark.timeout(900)
-def test_attach_detach_thirty_times(start_recipe, tmp_path: Path) -> None:
+def test_attach_detach_thirty_times(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8", "--report-every", "0.1", warmup=1.0)
     addresses = probe_addresses(recipe.pid)
     original = code_bytes(recipe.pid, addresses)
@@ -174,7 +175,9 @@ def _target_is_running(pid: int) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
-def test_signal_to_profkit_at_a_random_moment(start_recipe, tmp_path: Path, sig) -> None:  # type: ignore[no-untyped-def]
+def test_signal_to_profkit_at_a_random_moment(
+    start_recipe: StartRecipe, tmp_path: Path, sig: signal.Signals
+) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     process = _attach_background(recipe.pid, out, *ALL)
@@ -206,7 +209,9 @@ def test_signal_to_profkit_at_a_random_moment(start_recipe, tmp_path: Path, sig)
 
 @pytest.mark.parametrize("tool", ["pyspy", "perf_record", "perf_stat"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
-def test_signal_to_a_child_tool(start_recipe, tmp_path: Path, tool: str, sig) -> None:  # type: ignore[no-untyped-def]
+def test_signal_to_a_child_tool(
+    start_recipe: StartRecipe, tmp_path: Path, tool: str, sig: signal.Signals
+) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     process = subprocess.Popen(
@@ -233,7 +238,7 @@ def test_signal_to_a_child_tool(start_recipe, tmp_path: Path, tool: str, sig) ->
     assert run_profkit("report", str(out)).returncode == 0
 
 
-def test_target_killed_mid_capture(start_recipe, tmp_path: Path) -> None:
+def test_target_killed_mid_capture(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     process = _attach_background(recipe.pid, out)
@@ -274,7 +279,7 @@ def test_target_execs_mid_capture(tmp_path: Path) -> None:
         target.wait()
 
 
-def test_reused_pid_is_refused_at_capture(start_recipe, tmp_path: Path) -> None:
+def test_reused_pid_is_refused_at_capture(start_recipe: StartRecipe, tmp_path: Path) -> None:
     import dataclasses
 
     from profkit.commands.attach import run_capture
@@ -298,7 +303,7 @@ def test_reused_pid_is_refused_at_capture(start_recipe, tmp_path: Path) -> None:
     assert not (tmp_path / "b").exists()
 
 
-def test_bundle_stays_under_max_size(start_recipe, tmp_path: Path) -> None:
+def test_bundle_stays_under_max_size(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     result = run_profkit(
@@ -333,7 +338,9 @@ def test_no_shell_sees_the_target_command_line(tmp_path: Path) -> None:
         target.wait()
 
 
-def test_over_the_stop_budget_pyspy_goes_nonblocking(start_recipe, tmp_path: Path) -> None:
+def test_over_the_stop_budget_pyspy_goes_nonblocking(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
     # 100 Hz --native on 8 threads holds the target stopped 10-30% of the time, far over 0.1%.
     # The monitor sees stops only at the /proc sampler's 5-Hz instants, from 1.5 s into the
     # window: at 50 Hz over 6 s (about 22 instants, 7% stopped at the least) it saw none in 1
@@ -366,7 +373,7 @@ def test_over_the_stop_budget_pyspy_goes_nonblocking(start_recipe, tmp_path: Pat
 
 
 def test_auto_mode_goes_nonblocking_when_one_hertz_is_over_budget(
-    start_recipe, tmp_path: Path
+    start_recipe: StartRecipe, tmp_path: Path
 ) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
@@ -382,7 +389,9 @@ def test_auto_mode_goes_nonblocking_when_one_hertz_is_over_budget(
     assert notes["native"] == [False] and "0.1% budget" in notes["mode_reason"]
 
 
-def test_over_the_cpu_budget_a_collector_is_dropped(start_recipe, tmp_path: Path) -> None:
+def test_over_the_cpu_budget_a_collector_is_dropped(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "4")
     out = tmp_path / "b"
     result = run_profkit(

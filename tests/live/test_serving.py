@@ -21,6 +21,7 @@ from recipes.mm_serving.model import VisionStep, decode_ppm, make_image, preproc
 
 from ..support import ROOT, run_profkit
 from ..watch_support import free_port
+from .conftest import StartRecipe
 
 
 def expected(seed: int, image_size: int, model_size: int) -> list[float]:
@@ -80,7 +81,9 @@ def test_front_and_scheduler_answer_correctly(transport: str) -> None:
 
 
 @pytest.mark.root
-def test_run_cap_threads_sets_the_pool_from_the_quota(start_recipe, tmp_path: Path) -> None:
+def test_run_cap_threads_sets_the_pool_from_the_quota(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
     from profkit.host.sandbox import quota_group
 
     script = (
@@ -152,9 +155,9 @@ def test_serving_front_regions_carry_their_python_stack(
     threads: at default settings, every region the front's pool runs carries the Python stack
     that dispatched it (the eBPF walker), and the copy line is the pool's top site."""
     port = free_port()
-    pool = ["--threads", str(threads)] if threads else []
+    pool_args = ["--threads", str(threads)] if threads else []
     front = subprocess.Popen(
-        [sys.executable, "-u", "-m", "recipes.mm_serving.front", "--port", str(port), *pool],
+        [sys.executable, "-u", "-m", "recipes.mm_serving.front", "--port", str(port), *pool_args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,

@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,7 +166,7 @@ def test_the_namespace_label_is_read_inside_the_targets_root(tmp_path: Path) -> 
         shutil.rmtree(outside, ignore_errors=True)
 
 
-def attach(pid: int, bundle: Path, **flags: object) -> subprocess.CompletedProcess[str]:
+def attach(pid: int, bundle: Path, **flags: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         attach_command(pid, out=bundle, **flags),
         capture_output=True,

@@ -17,9 +17,10 @@ from profkit.errors import (
 from profkit.host import procfs, target
 
 from ..support import run_profkit
+from .conftest import StartRecipe
 
 
-def test_ps_finds_recipe_with_torch_runtime(start_recipe) -> None:
+def test_ps_finds_recipe_with_torch_runtime(start_recipe: StartRecipe) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "4", env={"OMP_NUM_THREADS": "4"})
     result = run_profkit("ps", "--match", "shm_fanout", "--json")
     assert result.returncode == 0, result.stderr
@@ -33,7 +34,7 @@ def test_ps_finds_recipe_with_torch_runtime(start_recipe) -> None:
     assert item["pool_threads"] == 4
 
 
-def test_ps_text_lists_the_recipe(start_recipe) -> None:
+def test_ps_text_lists_the_recipe(start_recipe: StartRecipe) -> None:
     recipe = start_recipe("shm_fanout.py", "--copy", "numpy")
     result = run_profkit("ps", "--match", "shm_fanout")
     assert result.returncode == 0

@@ -9,10 +9,11 @@ import time
 import pytest
 
 from ..watch_support import agent, free_port
+from .conftest import StartRecipe
 
 
 @pytest.mark.root
-def test_unreachable_push_and_exiting_target(start_recipe) -> None:
+def test_unreachable_push_and_exiting_target(start_recipe: StartRecipe) -> None:
     recipe = start_recipe("shm_fanout.py", "--duration", "10")
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with agent("--pid", str(recipe.pid), "--interval", "0.5", "--push", dead) as a:

@@ -11,14 +11,25 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
 from ..support import RECIPES
 from ..watch_support import agent, free_port
+from .conftest import StartRecipe
 from .consumers import go_pprof
 
 pytestmark = pytest.mark.root
+
+
+class Request(TypedDict):
+    """One request the server saw; fields by name, as the email parser gives them."""
+
+    path: str
+    query: dict[str, str]
+    content_type: str
+    fields: dict[object, object]
 
 
 class Ingest(http.server.ThreadingHTTPServer):
@@ -26,7 +37,7 @@ class Ingest(http.server.ThreadingHTTPServer):
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", free_port()), _Handler)
-        self.requests: list[dict[str, object]] = []
+        self.requests: list[Request] = []
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
 
     @property
@@ -42,7 +53,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
             f"Content-Type: {content_type}\r\n\r\n".encode() + body
         )
-        fields = (
+        fields: dict[object, object] = (
             {
                 part.get_param("name", header="content-disposition"): part.get_payload(decode=True)
                 for part in message.iter_parts()
@@ -51,7 +62,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             else {}
         )
         url = urllib.parse.urlsplit(self.path)
-        self.server.requests.append(  # type: ignore[attr-defined]
+        assert isinstance(self.server, Ingest)
+        self.server.requests.append(
             {
                 "path": url.path,
                 "query": dict(urllib.parse.parse_qsl(url.query)),
@@ -72,7 +84,7 @@ def copy_frame() -> str:
     return f"copy_with_torch (shm_fanout.py:{line})"
 
 
-def test_profiles_rolled_and_pushed(start_recipe, tmp_path: Path) -> None:
+def test_profiles_rolled_and_pushed(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", cores=0.5, warmup=1.0)
     server = Ingest()
     server.thread.start()
@@ -107,14 +119,16 @@ def test_profiles_rolled_and_pushed(start_recipe, tmp_path: Path) -> None:
     for request in server.requests:
         assert request["path"] == "/ingest"
         query = request["query"]
-        assert query["name"] == "profkit.cpu{target=fanout}"  # type: ignore[index]
-        assert query["format"] == "pprof"  # type: ignore[index]
-        start, until = int(query["from"]), int(query["until"])  # type: ignore[index]
+        assert query["name"] == "profkit.cpu{target=fanout}"
+        assert query["format"] == "pprof"
+        start, until = int(query["from"]), int(query["until"])
         assert now - 120 < start < until <= now + 1
         assert str(request["content_type"]).startswith("multipart/form-data; boundary=")
-        assert set(request["fields"]) == {"profile"}  # type: ignore[arg-type]
+        assert set(request["fields"]) == {"profile"}
     pushed = tmp_path / "pushed.pb.gz"
-    pushed.write_bytes(server.requests[-1]["fields"]["profile"])  # type: ignore[index]
+    profile = server.requests[-1]["fields"]["profile"]
+    assert isinstance(profile, bytes)
+    pushed.write_bytes(profile)
     raw = go_pprof("-raw", str(pushed))
     # The pool's CPU sits under the Python stack that dispatched it.
     assert re.search(rf"{re.escape(copy_frame())}\s*\n\s+\d+: \[openmp pool x2\]", raw) or (

@@ -23,7 +23,7 @@ from ..watch_support import (
     thread_cpu,
     uprobe_events,
 )
-from .conftest import _start
+from .conftest import StartRecipe, _start
 
 pytestmark = pytest.mark.root
 
@@ -59,7 +59,7 @@ def wait_scrapes(base: str, job_selector: str, count: int, timeout: float = 90) 
     raise AssertionError(f"fewer than {count} scrapes of {job_selector}")
 
 
-def test_watch_scraped_by_prometheus(start_recipe) -> None:
+def test_watch_scraped_by_prometheus(start_recipe: StartRecipe) -> None:
     need_prometheus()
     events_before = uprobe_events()
     tag = f"watch-test-{os.getpid()}"
@@ -71,6 +71,7 @@ def test_watch_scraped_by_prometheus(start_recipe) -> None:
     capped_env = {variable: str(cap) for variable in THREAD_VARIABLES}
     capped = start_recipe("shm_fanout.py", cores=QUOTA, env=capped_env, warmup=1.0)
     assert over.group is not None and capped.group is not None
+    over_group = over.group  # narrowed, for the lambda below
     match = r"shm_fanout\.py --report-every 60"
     with (
         agent("--match", match, "--name", tag, "--interval", "1") as a,
@@ -89,7 +90,7 @@ def test_watch_scraped_by_prometheus(start_recipe) -> None:
             sel = f'profkit_process_cpu_seconds_total{{target="{tag}"}}'
             with (
                 Readings(lambda: pool_cpu(over.pid)) as pool_truth,
-                Readings(lambda: cpu_stat(over.group.limited)) as cg_truth,
+                Readings(lambda: cpu_stat(over_group.limited)) as cg_truth,
             ):
                 wait_scrapes(base, sel, 5)
                 at = time.time()

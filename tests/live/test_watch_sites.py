@@ -10,6 +10,7 @@ import pytest
 
 from ..support import RECIPES
 from ..watch_support import agent
+from .conftest import StartRecipe
 
 SITES = {"site_one": 1, "site_two": 2, "site_three": 3}
 SITE_CPU = re.compile(r"^profkit_site_cpu_seconds_total\{(?P<labels>[^}]*)\} (?P<value>\S+)", re.M)
@@ -35,7 +36,7 @@ def site_cpu(metrics: str) -> dict[str, float]:
 
 
 @pytest.mark.root
-def test_sites_in_the_recipes_ratio(start_recipe) -> None:
+def test_sites_in_the_recipes_ratio(start_recipe: StartRecipe) -> None:
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
     with agent("--pid", str(recipe.pid), "--name", "sites", "--interval", "1") as a:
         a.wait_serving()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ..support import RECIPES, ROOT
+from .conftest import StartRecipe
 
 pytestmark = pytest.mark.root
 TMUX = shutil.which("tmux")
@@ -24,7 +25,7 @@ def copy_site() -> str:
     return f"shm_fanout.py:{line}"
 
 
-def test_top_in_tmux(start_recipe, tmp_path: Path) -> None:
+def test_top_in_tmux(start_recipe: StartRecipe, tmp_path: Path) -> None:
     if TMUX is None:
         pytest.skip("no tmux: apt-get install tmux (make test installs it)")
     recipe = start_recipe("shm_fanout.py", cores=0.5, warmup=1.0)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
 from profkit.analysis.pipeline import analyse_bundle
-from profkit.render.json_report import report_dict
+from profkit.render.json_report import FindingJson, report_dict
 from profkit.render.text import render_text
 
 from ..support import DATA, run_profkit
 
-REQUIRED = {
+REQUIRED: dict[Literal["target", "cpu", "quota"], set[str]] = {
     "target": {"pid", "cmdline", "threads", "openmp_runtime", "torch_threads"},
     "cpu": {"process_cores", "python_sampled_cores", "categories", "unexplained_cores", "threads"},
     "quota": {
@@ -27,7 +29,7 @@ REQUIRED = {
 }
 
 
-def findings(name: str) -> dict[str, dict]:
+def findings(name: str) -> dict[str, FindingJson]:
     return {f["id"]: f for f in report_dict(analyse_bundle(DATA / name))["findings"]}
 
 
@@ -37,8 +39,10 @@ def test_fanout_in_quota_is_diagnosed() -> None:
     assert found["cpu-fanout"]["evidence"]["op"] == "aten::copy_"
     assert found["cpu-fanout"]["evidence"]["function"] == "copy_with_torch"
     assert found["quota-oversubscription"]["evidence"]["recommended_threads"] == 1
+    assert report["quota"] is not None
     assert report["quota"]["effective_cores"] == pytest.approx(0.5)
-    assert report["quota"]["throttled_periods_pct"] > 50
+    throttled_pct = report["quota"]["throttled_periods_pct"]
+    assert throttled_pct is not None and throttled_pct > 50
     assert report["cpu"]["closure_pct"] <= 3.0
     # The pool is the process's largest consumer and py-spy sees only the main thread.
     categories = report["cpu"]["categories"]
@@ -62,8 +66,9 @@ def test_json_contract(name: str) -> None:
     report = report_dict(analyse_bundle(DATA / name))
     assert report["schema_version"] == 1
     for section, keys in REQUIRED.items():
-        if report[section] is not None:
-            assert keys <= set(report[section]), (section, keys - set(report[section]))
+        part = report[section]
+        if part is not None:
+            assert keys <= set(part), (section, keys - set(part))
     assert set(report["cpu"]["categories"]) == {
         "python",
         "native_in_python_threads",
@@ -138,7 +143,9 @@ def test_missing_collector_is_not_a_zero(tmp_path: Path) -> None:
         (lambda b: (b / "manifest.json").write_text('{"schema_version": 99}'), "schema 99"),
     ],
 )
-def test_bad_bundles_get_one_line_and_exit_8(tmp_path: Path, damage, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_bundles_get_one_line_and_exit_8(
+    tmp_path: Path, damage: Callable[[Path], object], message: str
+) -> None:
     bundle = tmp_path / "b"
     shutil.copytree(DATA / "fanout_quota", bundle)
     damage(bundle)

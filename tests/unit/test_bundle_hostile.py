@@ -103,7 +103,7 @@ def setitem(path: tuple[str | int, ...], value: object) -> Callable[[dict], None
     return change
 
 
-CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+CASES: dict[str, tuple[Callable[[Path], object], str]] = {
     "100 000-deep part": (
         lambda b: (b / "proc.json").write_text(DEEP),
         f"proc.json nests deeper than {MAX_DEPTH} levels",

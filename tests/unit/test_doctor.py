@@ -19,7 +19,7 @@ def doctor_json(env: dict[str, str] | None = None) -> tuple[int, dict[str, dict]
     return result.returncode, {check["name"]: check for check in payload["checks"]}
 
 
-def test_missing_pyspy_is_core_and_exits_7(tmp_path) -> None:
+def test_missing_pyspy_is_core_and_exits_7(tmp_path: Path) -> None:
     code, checks = doctor_json(env={"PROFKIT_PY_SPY": str(tmp_path / "absent")})
     assert checks["py-spy"]["status"] == MISSING and checks["py-spy"]["core"]
     assert "pip install py-spy" in checks["py-spy"]["fix"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ class Simulated(DutyCycle):
         self.calls: list[tuple[str, bool, int]] = []
         self.limit_ns = int(until_s * 1e9)
 
-        def change(kind: str, seconds: float):  # type: ignore[no-untyped-def]
+        def change(kind: str, seconds: float) -> Callable[[bool], None]:
             def act(entries: bool) -> None:
                 self.calls.append((kind, entries, self.now_ns))
                 self.now_ns += int(seconds * 1e9)

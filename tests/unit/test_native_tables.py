@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from profkit.capture.ebpf import native
 from profkit.capture.ebpf.native import KERNEL_DSO, UNKNOWN, native_tables
 
 NAMES = {
@@ -13,7 +14,12 @@ NAMES = {
 }
 
 
-class Symbols:
+class Symbols(native.Symbols):
+    """profkit's symbols without bcc: the names above."""
+
+    def __init__(self) -> None:
+        pass
+
     def frame(self, address: int, kernel: bool) -> tuple[str, str]:
         return NAMES.get((kernel, address), (UNKNOWN, UNKNOWN))
 
@@ -46,7 +52,7 @@ def test_stacks_are_root_first_with_the_kernel_below_the_user_frames() -> None:
 
 
 def test_a_stack_missing_from_the_map_is_lost_not_guessed() -> None:
-    stacks = {11: ([0x10], [])}
+    stacks: dict[int, tuple[list[int], list[int]]] = {11: ([0x10], [])}
     rows = [(1, 5, 99), (2, 5, 11), (3, 5, 0)]  # 99: not in the map; 0: no stack taken
     tables = native_tables(rows, stacks, pid=1, period_ns=1, symbols=Symbols())
     assert tables["lost"] == 1
@@ -55,6 +61,6 @@ def test_a_stack_missing_from_the_map_is_lost_not_guessed() -> None:
 
 
 def test_an_address_outside_every_mapping_is_unknown() -> None:
-    stacks = {11: ([0xDEAD, 0x10], [])}
+    stacks: dict[int, tuple[list[int], list[int]]] = {11: ([0xDEAD, 0x10], [])}
     tables = native_tables([(1, 5, 11)], stacks, pid=1, period_ns=1, symbols=Symbols())
     assert tables["frames"][tables["stacks"][0][-1]] == [UNKNOWN, UNKNOWN]

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from profkit.capture.budget import Budget, auto_mode, default_rate, pyspy_stop_share
+from profkit.capture.budget import Budget, PySpyMode, auto_mode, default_rate, pyspy_stop_share
 from profkit.capture.collectors.base import CaptureOptions
 from profkit.capture.plan import plan_capture, usable_cpus
 from profkit.host.target import Target, inspect
@@ -41,7 +41,7 @@ def test_a_tiny_budget_sends_pyspy_nonblocking_and_says_why() -> None:
 
 
 @pytest.mark.parametrize("mode", ["native", "nonblocking"])
-def test_a_mode_asked_for_is_kept_without_a_note(mode: str) -> None:
+def test_a_mode_asked_for_is_kept_without_a_note(mode: PySpyMode) -> None:
     options = CaptureOptions(budget=Budget(overhead_share=0.001), pyspy_mode=mode)
     plan = plan_capture(this_process(65), "proc", None, options)
     assert (plan.options.pyspy_mode, plan.options.pyspy_mode_reason, plan.notes) == (mode, "", ())

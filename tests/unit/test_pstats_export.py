@@ -7,6 +7,7 @@ import pstats
 import subprocess
 import sys
 from pathlib import Path
+from typing import Protocol, TypeAlias, cast
 
 import pytest
 from snakeviz.stats import json_stats, table_rows
@@ -20,6 +21,17 @@ from ..support import DATA, run_profkit
 
 BUNDLES = sorted(p.name for p in DATA.iterdir() if (p / "manifest.json").exists())
 
+# pstats' (file, line, function) and its (calls, primitive calls, own, cumulative) times.
+Function: TypeAlias = tuple[str, int, str]
+Times: TypeAlias = tuple[int, int, float, float]
+
+
+class LoadedStats(Protocol):
+    """What pstats.Stats sets when it loads a profile, which typeshed does not declare."""
+
+    total_tt: float
+    stats: dict[Function, tuple[int, int, float, float, dict[Function, Times]]]
+
 
 @pytest.mark.parametrize("view", VIEWS)
 @pytest.mark.parametrize("name", BUNDLES)
@@ -27,10 +39,10 @@ def test_pstats_holds_the_views_time(name: str, view: str, tmp_path: Path) -> No
     stacks = build(analyse_bundle(DATA / name), view)
     path = tmp_path / "view.prof"
     path.write_bytes(to_pstats(stacks))
-    stats = pstats.Stats(str(path))
+    stats = cast(LoadedStats, pstats.Stats(str(path)))
     # Own time sums to the view's total; no function's cumulative time exceeds it.
     assert stats.total_tt == pytest.approx(sum(stacks.weights.values()), abs=1e-9)
-    table = stats.stats  # type: ignore[attr-defined]  # pstats keeps its table untyped
+    table = stats.stats
     assert all(ct <= stats.total_tt + 1e-9 for _, _, _, ct, _ in table.values())
     # A function's cumulative time is the weight of the stacks it appears in, each once.
     expected: dict[tuple[str, int, str], float] = {}

@@ -41,10 +41,13 @@ def test_linetable_decoder_matches_this_interpreter() -> None:
 
     checked = 0
     for module in (inspect, threading, json.decoder):
-        source = Path(module.__file__).read_text()
-        for code in _all_code(compile(source, module.__file__, "exec")):
+        filename = module.__file__
+        assert filename is not None
+        source = Path(filename).read_text()
+        for code in _all_code(compile(source, filename, "exec")):
             version = sys.version_info[:2]
-            if version >= (3, 11):
+            expected: list[int | None]  # the line of each instruction
+            if sys.version_info >= (3, 11):
                 decoded = [
                     pos
                     for start, end, pos in iter_entries_311(code.co_linetable, code.co_firstlineno)
@@ -89,6 +92,7 @@ def test_walk_thread_of_this_process() -> None:
     thread.start()
     try:
         parked.wait()
+        assert thread.native_id is not None
         park_line = next(
             number
             for number, text in enumerate(Path(__file__).read_text().splitlines(), start=1)

@@ -22,7 +22,7 @@ SVG_NS = "{http://www.w3.org/2000/svg}"
 def frames_of(svg: str) -> dict[str, dict[str, str]]:
     root = ET.fromstring(svg)
     return {
-        g.get("id"): dict(g.attrib) for g in root.iter(f"{SVG_NS}g") if g.get("class") == "frame"
+        g.attrib["id"]: dict(g.attrib) for g in root.iter(f"{SVG_NS}g") if g.get("class") == "frame"
     }
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from elftools.dwarf.callframe import FDE
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 
 from profkit.capture.ebpf import returns
 
@@ -123,7 +124,9 @@ def test_symbols_are_the_defined_functions_of_both_tables() -> None:
     functions = returns.function_symbols(path)
     with open(path, "rb") as f:
         elf = ELFFile(f)
-        symbols = list(elf.get_section_by_name(".dynsym").iter_symbols())
+        dynsym = elf.get_section_by_name(".dynsym")
+        assert isinstance(dynsym, SymbolTableSection)
+        symbols = list(dynsym.iter_symbols())
     defined = {
         s.name
         for s in symbols
