@@ -11,7 +11,8 @@ through `read_target_file`:
   a regular file (no devices, FIFOs or sockets);
 - opened with the target's own credentials: a short-lived thread takes the target's fsuid, fsgid
   and groups and drops its effective capabilities before the open (Linux keeps credentials per
-  thread; the thread ends with them), so root reads nothing the target could not;
+  thread; the thread ends with them), so root reads nothing the target could not (a user other
+  than root opens as itself);
 - read to a byte bound: a larger file is refused, not truncated.
 
 Kernels before 5.6 have no `openat2`: there nothing is read (the reason says so).
@@ -148,7 +149,10 @@ def _openat2(dirfd: int, name: str) -> int:
 
 
 def _open_as(creds: Credentials, dirfd: int, name: str) -> int:
-    """openat2 on a thread of its own that holds the target's credentials while it lives."""
+    """openat2 on a thread of its own that holds the target's credentials while it lives.
+    A user other than root opens with its own credentials: it reads no more than it may."""
+    if os.geteuid() != 0:
+        return _openat2(dirfd, name)
     outcome: list[int | BaseException] = []
 
     def run() -> None:

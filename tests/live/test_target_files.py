@@ -20,7 +20,7 @@ from profkit.host.targetfs import SourceLines, TargetFileError, read_target_file
 from profkit.watch.labels import kubernetes
 from recipes.launch import attach_command
 
-from ..support import NOBODY, ROOT, profkit
+from ..support import NOBODY, ROOT, SYSTEM_PYTHON, profkit
 from ..watch_support import agent
 
 pytestmark = [
@@ -295,3 +295,35 @@ def test_a_zombie_reads_as_exited_not_as_an_exec() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+OWN_FILE = """
+import os, sys
+from profkit.host.targetfs import SourceLines, TargetFileError, read_target_file
+lines = SourceLines(os.getpid())
+print(lines.line(sys.argv[1], 2))
+try:
+    read_target_file(os.getpid(), sys.argv[2])
+except TargetFileError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_user_other_than_root_reads_its_own_files_as_itself(places: dict[str, Path]) -> None:
+    """Without root there are no credentials to take: the user's own bound the read."""
+    copy = places["dir"].parent / "code"
+    shutil.copytree(ROOT / "profkit", copy / "profkit")
+    for path in [copy, *copy.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    result = subprocess.run(
+        [*AS_NOBODY, SYSTEM_PYTHON, "-c", OWN_FILE, str(places["public"]), str(places["secret"])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(copy)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        SOURCE.format(token=PUBLIC).splitlines()[1].strip(),
+        "refused: [Errno 13] Permission denied",
+    ]
