@@ -169,4 +169,6 @@ def pstats(stacks: Stacks) -> bytes:
         key: (cc, nc, tt, ct, {k: tuple(v) for k, v in callers.items()})
         for key, (cc, nc, tt, ct, callers) in table.items()
     }
-    return marshal.dumps(frozen)
+    # Version 2: no back-references and no interned-string marks, which depend on how the
+    # objects were made, so that equal tables give equal bytes (version 3 and later did not).
+    return marshal.dumps(frozen, 2)
