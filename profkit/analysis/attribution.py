@@ -1,5 +1,12 @@
 """Which Python call site, through which ATen op, made the pool burn its CPU.
 
+Sampled method (the eBPF sampler): each on-CPU sample of a pool worker carries the Python stack
+its dispatcher was in at that instant, read from the dispatcher's thread state; the pool's CPU
+splits over the sites as its samples do, with a binomial 95% interval. It needs no probe per
+region, so it holds at any region rate; it is used where no region carries a stack in the
+window: where the region probes came off. A worker spinning after a region is sampled wherever
+its dispatcher is by then; see by_samples.
+
 Stack method (the eBPF walker read the dispatching thread's Python stack at each region entry):
 every region names its own call site, the innermost Python frame of its stack, and the workers'
 on-CPU time from the region's start to the next region's start goes to that site. Regions
@@ -25,14 +32,26 @@ from typing import Literal
 
 import numpy as np
 
-from ..bundle.read import EbpfData, Frame, PythonSamples
-from .frames import KERNEL_OPS, aten_op, is_openmp_frame
+from ..bundle.read import (
+    DISPATCH_HOW,
+    DispatchedSamples,
+    EbpfData,
+    Frame,
+    PerfSamples,
+    PythonSamples,
+)
+from .activity import SPIN, classify_stack
+from .frames import KERNEL_DSO, KERNEL_OPS, OPENMP_DSOS, aten_op, is_openmp_frame
 
 # py-spy stamps a sample after unwinding it, a little after the moment the thread was stopped.
-# How the pool's CPU was split over the sites: by the walker's stack per region, by py-spy
-# samples aligned to the regions, in proportion to py-spy's samples, or not at all.
-AttributionMethod = Literal["stack", "aligned", "proportional", "none"]
+# How the pool's CPU was split over the sites: by the walker's stack per region, by the
+# workers' eBPF samples with their dispatcher's stack, by py-spy samples aligned to the regions,
+# in proportion to py-spy's samples, or not at all.
+AttributionMethod = Literal["stack", "sampled", "aligned", "proportional", "none"]
 ALIGN_TOLERANCE_NS = 3_000_000
+# Fewer worker samples than this with their dispatcher's stack give no sampled attribution:
+# the interval of a share would be wider than the share.
+MIN_DISPATCHED_SAMPLES = 20
 # A --nonblocking sample is read without stopping the thread: its stamp is close to its time.
 NONBLOCKING_TOLERANCE_NS = 500_000
 
@@ -210,11 +229,20 @@ def attribute(
     pool_cores: float,
     window: tuple[int, int],
     worker_kernels: list[str],
+    native_samples: PerfSamples | None = None,
 ) -> Attribution:
     if sched is not None and sched.python_stacks:
         stacked = by_stack(sched, dispatchers, workers, pool_cores, window, worker_kernels)
+        # Regions with their stacks place the pool's CPU exactly where the probes ran; where
+        # the probes came off (too many regions for the budget), the workers' own samples,
+        # which carry their dispatcher's stack at any region rate, do.
         if stacked is not None:
             return stacked
+        sampled = by_samples(
+            sched, workers, pool_cores, window, worker_kernels, None, native_samples
+        )
+        if sampled is not None:
+            return sampled
     if spans is None:
         return Attribution(
             "none", "no py-spy samples: the dispatching Python code is unknown", 1.0, 0.0, ()
@@ -423,4 +451,139 @@ def by_stack(
         tuple(sites),
         regions=len(stacks),
         regions_with_stack=int(known.sum()),
+    )
+
+
+def _in_runtime(native: PerfSamples, stack: int) -> bool:
+    """A sample caught in the pool runtime: spinning, or in the kernel on the runtime's behalf
+    (a futex wait, a syscall's return) rather than for the work."""
+    if classify_stack(native, stack)[0] == SPIN:
+        return True
+    user = [(symbol, dso) for symbol, dso in (native.frames[i] for i in native.stacks[stack])]
+    user = [frame for frame in user if frame[1] not in (KERNEL_DSO, "[unknown]")]
+    return bool(user) and bool(OPENMP_DSOS.search(user[-1][1]))
+
+
+def _spinning(dispatched: DispatchedSamples, native: PerfSamples | None) -> np.ndarray:
+    """Which samples caught their worker in the runtime rather than at work, read from the
+    same samples' native stacks (the eBPF sampler takes both at once); none where there are
+    none."""
+    spinning = np.zeros(len(dispatched.t_ns), dtype=bool)
+    if native is None or native.source != "eBPF":
+        return spinning
+    stack_at = {
+        (int(tid), int(t)): int(stack)
+        for tid, t, stack in zip(native.tid, native.t_ns, native.stack, strict=True)
+    }
+    kinds: dict[int, bool] = {}
+    for i, (tid, t) in enumerate(zip(dispatched.tid, dispatched.t_ns, strict=True)):
+        stack = stack_at.get((int(tid), int(t)))
+        if stack is not None:
+            if stack not in kinds:
+                kinds[stack] = _in_runtime(native, stack)
+            spinning[i] = kinds[stack]
+    return spinning
+
+
+def by_samples(
+    sched: EbpfData,
+    workers: set[int],
+    pool_cores: float,
+    window: tuple[int, int],
+    worker_kernels: list[str],
+    regions_seen: Attribution | None = None,
+    native: PerfSamples | None = None,
+) -> Attribution | None:
+    """The workers' on-CPU samples to the innermost Python frame of their dispatcher's stack
+    at each sample; None with too few such samples. A sample whose dispatcher is unknown
+    (several Python threads and no wakeup seen) or whose walk failed is spread in proportion,
+    and its part widens the interval, as the sample count's binomial interval does.
+
+    A worker that spins after its region is sampled while its dispatcher has moved on, to the
+    next region's line or to a sleep between requests. Where the native stacks show the spin,
+    a spinning sample counts for its dispatcher's line only if working samples were seen
+    there too (a line that dispatches regions); the others are spread as the rest, as the
+    stack method gives a region the spin that follows it."""
+    dispatched = sched.dispatched
+    if dispatched is None or not workers:
+        return None
+    mask = (
+        np.isin(dispatched.tid, list(workers))
+        & (dispatched.t_ns >= window[0])
+        & (dispatched.t_ns <= window[1])
+    )
+    taken = int(mask.sum())
+    stacks = sched.python_stacks
+    known = mask & (dispatched.stack >= 0) & (dispatched.stack < len(stacks))
+    spinning = _spinning(dispatched, native)
+
+    def site_of(index: int) -> Frame | None:
+        frames = stacks[index].frames
+        return Frame(frames[-1].file, frames[-1].function, frames[-1].line) if frames else None
+
+    sites_of = {int(i): site_of(int(i)) for i in np.unique(dispatched.stack[known])}
+    working = {sites_of[int(i)] for i in dispatched.stack[known & ~spinning] if sites_of[int(i)]}
+    by_site: dict[Frame, Counter[int]] = {}
+    spread = 0  # spinning while the dispatcher was at a line that dispatches nothing
+    for index, spin in zip(dispatched.stack[known], spinning[known], strict=True):
+        site = sites_of[int(index)]
+        if site is None or (spin and site not in working):
+            spread += int(spin)
+            continue
+        by_site.setdefault(site, Counter())[int(index)] += 1
+    n = sum(sum(counts.values()) for counts in by_site.values())
+    if n < MIN_DISPATCHED_SAMPLES:
+        return None
+    labelled = n / taken
+    shares = {site: sum(counts.values()) / n for site, counts in by_site.items()}
+    interval = max(1.96 * math.sqrt(p * (1 - p) / n) for p in shares.values())
+    regions_of = {s.site: s.regions for s in regions_seen.sites} if regions_seen else {}
+    sites = []
+    for site, share in sorted(shares.items(), key=lambda item: -item[1]):
+        stack = stacks[by_site[site].most_common(1)[0][0]].frames
+        code = stack[-1].code
+        op, op_source = _resolve_op(Counter(), worker_kernels, code)
+        sites.append(
+            SiteShare(
+                site,
+                op,
+                op_source,
+                share,
+                share * pool_cores,
+                regions_of.get(site, 0),
+                sum(by_site[site].values()),
+                code,
+                stack,
+            )
+        )
+    how = Counter(DISPATCH_HOW.get(int(h), "none") for h in dispatched.how[known])
+    whose = " and ".join(
+        f"{100 * how[key] / max(1, int(known.sum())):.0f}% {text}"
+        for key, text in (
+            ("woken", "from the Python thread that woke the worker"),
+            ("sole", "from the only Python thread"),
+        )
+        if how[key]
+    )
+    reason = (
+        f"{n} of {taken} worker samples ({dispatched.rate_hz} Hz) placed by their dispatcher's "
+        f"Python stack, read at the sample (eBPF sampler): {whose}"
+        + (f"; {spread} spinning while the dispatcher was elsewhere" if spread else "")
+        + ("" if n == taken else "; the rest is spread in proportion")
+    )
+    if regions_seen is not None:
+        reason += (
+            f"; region counts from the region probes, on {100 * probed_share(sched, window):.0f}%"
+            " of the window"
+        )
+    elif sched.regions_skipped:
+        reason += f"; no region counts ({sched.regions_skipped})"
+    return Attribution(
+        "sampled",
+        reason,
+        min(1.0, interval + (1.0 - labelled)),
+        labelled,
+        tuple(sites),
+        regions=regions_seen.regions if regions_seen else 0,
+        regions_with_stack=regions_seen.regions_with_stack if regions_seen else 0,
     )

@@ -84,6 +84,7 @@ def analyse(bundle: Bundle) -> Report:
             cpu.cores_of(workers),
             window,
             kernels,
+            bundle.perf,
         )
         regions, region_ms, probed = 0, None, 1.0
         if pool_sched is not None:

@@ -105,6 +105,24 @@ class PyStack:
     truncated: bool = False
 
 
+# How a sample's dispatcher was chosen (probes/pystack.bpf.c, DISPATCH_*): none found, the
+# Python thread that last woke the sampled thread, or the process's only Python thread.
+DISPATCH_HOW = {0: "none", 1: "woken", 2: "sole"}
+
+
+@dataclass(frozen=True)
+class DispatchedSamples:
+    """The eBPF sampler's samples of threads that are not Python threads (a pool's workers),
+    each with its dispatcher's Python stack as it was at that instant, where it had one."""
+
+    t_ns: np.ndarray
+    tid: np.ndarray
+    dispatcher: np.ndarray  # the Python thread whose stack the sample carries, 0 for none
+    how: np.ndarray  # DISPATCH_HOW's keys
+    stack: np.ndarray  # index into EbpfData.python_stacks, -1 where the walk read none
+    rate_hz: int
+
+
 @dataclass(frozen=True)
 class EbpfData:
     """Everything the eBPF collector wrote (ebpf.json): scheduler slices and wakeups, parallel
@@ -138,6 +156,7 @@ class EbpfData:
     pool_names: tuple[str, ...] = ()  # the pool each runtime copy feeds, by index (pool_names())
     # Python threads' time off CPU by the stack they left with: (tid, stack index, seconds).
     python_offcpu: tuple[tuple[int, int, float], ...] = ()
+    dispatched: DispatchedSamples | None = None
 
     def for_pool(self, pool: str) -> EbpfData:
         """The same data with only the regions of this pool's runtimes."""
@@ -532,6 +551,7 @@ class _PythonFields(TypedDict):
     python_offcpu: tuple[tuple[int, int, float], ...]
     walker: str
     walker_reason: str
+    dispatched: DispatchedSamples | None
 
 
 def _region_pools(data: Fields, count: int, primary: str | None) -> _PoolFields:
@@ -559,7 +579,13 @@ def _region_pools(data: Fields, count: int, primary: str | None) -> _PoolFields:
 
 def _python_fields(python: Fields | None, stacks: tuple[PyStack, ...]) -> _PythonFields:
     if python is None:
-        return {"python_stacks": (), "python_offcpu": (), "walker": "off", "walker_reason": ""}
+        return {
+            "python_stacks": (),
+            "python_offcpu": (),
+            "walker": "off",
+            "walker_reason": "",
+            "dispatched": None,
+        }
     offcpu = python.columns("offcpu", {"tid": 0, "stack": None, "ns": 0}, optional=True)
     return {
         "python_stacks": stacks,
@@ -572,7 +598,29 @@ def _python_fields(python: Fields | None, stacks: tuple[PyStack, ...]) -> _Pytho
         ),
         "walker": python.text("walker", "off"),
         "walker_reason": python.text("reason", ""),
+        "dispatched": _dispatched(python, len(stacks)),
     }
+
+
+def _dispatched(python: Fields, stacks: int) -> DispatchedSamples | None:
+    """Bundles from before the sampler read a worker's dispatcher have none."""
+    table = python.maybe_table("dispatched")
+    if table is None:
+        return None
+    columns = python.columns(
+        "dispatched", {"t_ns": 0, "tid": 0, "dispatcher": 0, "how": 0, "stack": -1}
+    )
+    label = table.label("how")
+    if not set(columns["how"].tolist()) <= set(DISPATCH_HOW):
+        raise BadBundle(f"{label} holds a value other than {sorted(DISPATCH_HOW)}")
+    return DispatchedSamples(
+        t_ns=columns["t_ns"],
+        tid=columns["tid"],
+        dispatcher=columns["dispatcher"],
+        how=columns["how"],
+        stack=need_below(columns["stack"], stacks, table.label("stack"), "python.stacks"),
+        rate_hz=table.integer("rate_hz", minimum=1),
+    )
 
 
 def _cgroup(files: BundleFiles) -> CgroupSeries | None:

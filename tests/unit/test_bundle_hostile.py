@@ -178,6 +178,41 @@ CASES: dict[str, tuple[Callable[[Path], object], str]] = {
         edit("ebpf.json", setitem(("wakeups", 0), ["a", 1, 2])),
         'ebpf.json: wakeups[0] is a string ("a"), not an integer',
     ),
+    "a dispatcher chosen no known way": (
+        edit(
+            "ebpf.json",
+            setitem(
+                ("python",),
+                {
+                    "walker": "on",
+                    "stacks": [],
+                    "dispatched": {
+                        "rate_hz": 99,
+                        **{key: [1] for key in ("t_ns", "tid", "dispatcher", "stack")},
+                        "how": [7],
+                    },
+                },
+            ),
+        ),
+        "ebpf.json: python.dispatched.how holds a value other than [0, 1, 2]",
+    ),
+    "a dispatched sample past the stacks": (
+        edit(
+            "ebpf.json",
+            setitem(
+                ("python",),
+                {
+                    "walker": "on",
+                    "stacks": [],
+                    "dispatched": {
+                        "rate_hz": 99,
+                        **{key: [1] for key in ("t_ns", "tid", "dispatcher", "how", "stack")},
+                    },
+                },
+            ),
+        ),
+        "ebpf.json: python.dispatched.stack holds 1, past the 0 entries of python.stacks",
+    ),
     "a perf frame that is a number": (
         edit("perf.json", setitem(("frames", 0), 5)),
         "perf.json: frames[0] is 5, not a frame",

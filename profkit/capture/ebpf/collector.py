@@ -86,9 +86,14 @@ class OpenMPProgram:
     # The scheduler tracepoints (probes/sched.bpf.c) in the same program, when traced: with the
     # walker they read each Python thread's stack as it leaves the CPU.
     sched: SchedProgram | None = None
+    # The sampler learns each worker's dispatcher from who wakes it (sched_waking, on every
+    # wakeup of the machine): only where the scheduler's tracepoints fit the budget.
+    dispatch_wakeups: bool = False
 
     def source(self) -> str:
         native = f"#define NATIVE_STACKS {self.native_stacks}\n" if self.native_stacks else ""
+        if self.dispatch_wakeups:
+            native += "#define DISPATCH_WAKEUPS\n"
         walker = native + (
             probe_source("pystack.bpf.c")
             .replace("TARGET_TGID", str(self.tgid))
@@ -189,6 +194,7 @@ class EbpfCollector:
         self._judged = threading.Event()
         self._judged.set()
         self._sampling = False
+        self._dispatch_wakeups = False
         self._native = False
         self._sample_hz = PYTHON_SAMPLE_HZ
         self.lost = {"slices": 0, "regions": 0}
@@ -226,7 +232,9 @@ class EbpfCollector:
             target.pid,
             sched=SchedProgram(target.pid) if traced else None,
             native_stacks=NATIVE_STACK_ENTRIES if self._native else 0,
+            dispatch_wakeups=traced,
         )
+        self._dispatch_wakeups = program.dispatch_wakeups
         self._load(program, flags, sample=True)
         if self._region_probes:
             self._judged.clear()
@@ -312,8 +320,8 @@ class EbpfCollector:
 
     def _attach_sampler(self, bcc: ModuleType, bpf: BpfProgram) -> None:
         """The walker's on-CPU sampler: a cpu-clock event on every CPU, kept to the target's
-        Python threads by the program (to all its threads, with native stacks, at perf
-        record's rate, where it samples them instead of perf)."""
+        threads by the program (with native stacks, at perf record's rate, where it samples
+        them instead of perf)."""
         if self._native and self._context is not None:
             self._sample_hz = self._context.options.perf_rate_hz
         bpf.attach_perf_event(
@@ -325,6 +333,9 @@ class EbpfCollector:
         self._sampling = True
         what = "Python and native stacks" if self._native else "Python stacks"
         self.attached.append(f"perf_event:cpu-clock@{self._sample_hz}Hz ({what})")
+        if self._dispatch_wakeups:
+            # Attached as the program loaded: who wakes the pool's workers, for their samples.
+            self.attached.append("tracepoint:sched:sched_waking (dispatchers)")
 
     def _attach_regions(self, copy: RuntimeProbes, pid: int) -> None:
         """One runtime copy's entry and end probes; a copy that refuses them is left out with
@@ -465,10 +476,12 @@ class EbpfCollector:
             self._cycle.start(recounted)
             self.region_decision["regions_per_s_recounted"] = round(self._cycle.recounted_per_s)
             return
-        reason = f"OpenMP region probes detached: {cost}; attribution " + (
-            "falls back to py-spy's native stacks"
+        reason = f"OpenMP region probes detached: {cost}; " + (
+            "the pool's call sites come from its workers' samples, no region is counted"
+            if self._sampling
+            else "attribution falls back to py-spy's native stacks"
             if pyspy
-            else "has no call site for the pool (py-spy's native stacks would give one)"
+            else "attribution has no call site for the pool (py-spy's native stacks would give one)"
         )
         self._detach_regions(reason)
 
@@ -575,7 +588,9 @@ class EbpfCollector:
             if not self.regions_detached:
                 self._read_regions(self._openmp_bpf, ended, stack_index)
             if self._sampling:
-                python["samples"], native = self._read_samples(self._openmp_bpf, stack_index)
+                python["samples"], python["dispatched"], native = self._read_samples(
+                    self._openmp_bpf, stack_index
+                )
                 if native is not None:
                     write_new(self._context.directory / NATIVE, json.dumps(native))
                     native_notes = {
@@ -677,11 +692,21 @@ class EbpfCollector:
 
     def _read_samples(
         self, bpf: BpfProgram, stack_index: dict[int, int]
-    ) -> tuple[dict[str, object], dict[str, Any] | None]:
-        """The walker's on-CPU samples of the target's Python threads, in time order; and,
-        where the sampler took them, every thread's native stacks as perf.json's tables."""
+    ) -> tuple[dict[str, object], dict[str, object], dict[str, Any] | None]:
+        """The walker's on-CPU samples of the target's Python threads, in time order; those of
+        its other threads, with their dispatcher's stack; and, where the sampler took them,
+        every thread's native stacks as perf.json's tables."""
         count = int(bpf["sample_count"][ctypes.c_int(0)].value)
         columns: dict[str, list[int]] = {"t_ns": [], "tid": [], "stack": []}
+        # Samples of threads that are not Python threads, each with its dispatcher's stack where
+        # the program found one (dispatcher 0: none).
+        dispatched: dict[str, list[int]] = {
+            "t_ns": [],
+            "tid": [],
+            "dispatcher": [],
+            "how": [],
+            "stack": [],
+        }
         lost = {"samples": 0}
         rows = _read_log(bpf, "sample_log", count, lost, "samples")
         for _, v in rows:
@@ -689,6 +714,12 @@ class EbpfCollector:
                 columns["t_ns"].append(int(v.t_ns))
                 columns["tid"].append(int(v.tid))
                 columns["stack"].append(stack_index.get(int(v.stack), -1))
+            else:
+                dispatched["t_ns"].append(int(v.t_ns))
+                dispatched["tid"].append(int(v.tid))
+                dispatched["dispatcher"].append(int(v.dispatcher))
+                dispatched["how"].append(int(v.dispatch))
+                dispatched["stack"].append(stack_index.get(int(v.stack), -1))
         self.lost["python_samples"] = lost["samples"]
         native = None
         if self._native:
@@ -701,7 +732,11 @@ class EbpfCollector:
             )
             # Samples whose stack did not fit the full map, and those past the log.
             native["lost"] += int(bpf["native_counts"][ctypes.c_int(0)].value) + lost["samples"]
-        return {"rate_hz": self._sample_hz, **columns}, native
+        return (
+            {"rate_hz": self._sample_hz, **columns},
+            {"rate_hz": self._sample_hz, **dispatched},
+            native,
+        )
 
     def _read_slices(self, sched: BpfProgram) -> None:
         """Copy the in-kernel slice log out in one batch, after the window."""

@@ -101,6 +101,10 @@ class PythonWalker:
             for tid, tstate in found.items():
                 table[ctypes.c_uint32(tid)] = ctypes.c_uint64(tstate)
             self._known |= set(found)
+            # A worker no Python thread was seen waking is placed under the only Python
+            # thread, where there is one (probes/pystack.bpf.c, dispatcher_of).
+            sole = next(iter(found)) if len(found) == 1 else 0
+            self._bpf["sole_python"][ctypes.c_int(0)] = ctypes.c_uint32(sole)
         self.refreshes += 1
 
     def _watch(self) -> None:

@@ -48,18 +48,10 @@ static inline void count_walk(u32 which) {
         __sync_fetch_and_add(n, 1);
 }
 
-// The stack's id: FNV-1a over its frames; 0 means "no stack".
-static inline u64 walk_python(int count_missing) {
-    u32 tid = bpf_get_current_pid_tgid();
-    u64 *tstate = tstates.lookup(&tid);
-    if (!tstate) {
-        if (count_missing)
-            count_walk(1);
-        return 0;
-    }
-#ifdef COST_LOOKUP_ONLY
-    return 0;  // benchmarks/region_cost.py: the thread-state lookup without the walk
-#endif
+// The stack's id: FNV-1a over its frames; 0 means "no stack". The thread state may be another
+// thread's of the same process (a pool worker's sample reads its dispatcher's stack): the
+// frames are read from the process's memory, which every thread of it shares.
+static inline u64 walk_tstate(u64 *tstate) {
     u32 zero = 0;
     struct pystack *s = pystack_scratch.lookup(&zero);
     if (!s)
@@ -126,21 +118,98 @@ static inline u64 walk_python(int count_missing) {
     return hash;
 }
 
+// The current thread's own stack.
+static inline u64 walk_python(int count_missing) {
+    u32 tid = bpf_get_current_pid_tgid();
+    u64 *tstate = tstates.lookup(&tid);
+    if (!tstate) {
+        if (count_missing)
+            count_walk(1);
+        return 0;
+    }
+#ifdef COST_LOOKUP_ONLY
+    return 0;  // benchmarks/region_cost.py: the thread-state lookup without the walk
+#endif
+    return walk_tstate(tstate);
+}
+
 // On-CPU samples of the target's threads, without stopping them: a cpu-clock event on every
 // CPU runs this; other processes return at once. Compiled with NATIVE_STACKS (where perf record
 // is not in the capture) every thread of the target is sampled with its kernel and user stacks,
-// which the kernel walks by frame pointers as perf record's fp call graphs do; without it only
-// threads with a thread state (Python threads) are, and native stacks are left to perf.
+// which the kernel walks by frame pointers as perf record's fp call graphs do; without it every
+// thread is sampled with its Python stack only, and native stacks are left to perf.
+//
+// A sample of a thread that is not a Python thread (a pool worker) carries its dispatcher's
+// Python stack as it is at that instant: the dispatcher waits inside the op that started the
+// region, its current frame unchanged, so worker CPU is placed by samples at any region rate,
+// with no probe per region. The dispatcher is the Python thread that last woke the worker
+// (libgomp keeps one pool per master thread, whose workers that master wakes), or, before any
+// wakeup was seen, the process's only Python thread where it has one.
+#define DISPATCH_NONE 0
+#define DISPATCH_WOKEN 1  // the Python thread that last woke this thread
+#define DISPATCH_SOLE 2   // the process's only Python thread
+
 struct pysample {
     u64 t_ns;
-    u64 stack;   // the Python stack's id, 0 for none
+    u64 stack;   // the Python stack's id (the dispatcher's for a worker), 0 for none
     u64 native;  // the native stack's id in native_stacks, 0 for none
     u32 tid;
     u32 python;  // the thread has a thread state: a Python thread
+    u32 dispatcher;  // whose stack `stack` is, for a thread that is not a Python thread
+    u32 dispatch;    // how that thread was chosen: DISPATCH_*
 };
 
 BPF_ARRAY(sample_log, struct pysample, SAMPLE_CAPACITY);
 BPF_ARRAY(sample_count, u64, 1);
+// Filled by profkit from the interpreter's thread list: its one thread's id, 0 with several.
+BPF_ARRAY(sole_python, u32, 1);
+
+static inline u32 sole_dispatcher(u32 *how) {
+    u32 zero = 0;
+    u32 *sole = sole_python.lookup(&zero);
+    if (sole && *sole) {
+        *how = DISPATCH_SOLE;
+        return *sole;
+    }
+    return 0;
+}
+
+#ifdef DISPATCH_WAKEUPS
+// Defined where the scheduler's tracepoints fit the budget: this one also runs on every wakeup
+// of the machine.
+// Non-Python thread -> the Python thread of the target that last woke it. LRU: a Python thread
+// also wakes other processes' threads, which must not crowd out the pool's.
+BPF_TABLE("lru_hash", u32, u32, woken_by, 16384);
+
+// sched_waking runs in the waker's context (sched_wakeup may run on the wakee's CPU).
+TRACEPOINT_PROBE(sched, sched_waking) {
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    if ((pid_tgid >> 32) != TARGET_TGID)
+        return 0;
+    u32 waker = pid_tgid;
+    u32 wakee = args->pid;
+    // Only a Python thread waking a thread that is not one: a worker waking a worker at a
+    // barrier must not replace the master that owns both.
+    if (!tstates.lookup(&waker) || tstates.lookup(&wakee))
+        return 0;
+    u32 *known = woken_by.lookup(&wakee);
+    if (!known || *known != waker)
+        woken_by.update(&wakee, &waker);
+    return 0;
+}
+
+// The Python thread whose stack stands for this non-Python thread's sample, 0 for none.
+static inline u32 dispatcher_of(u32 tid, u32 *how) {
+    u32 *waker = woken_by.lookup(&tid);
+    if (waker) {
+        *how = DISPATCH_WOKEN;
+        return *waker;
+    }
+    return sole_dispatcher(how);
+}
+#else
+static inline u32 dispatcher_of(u32 tid, u32 *how) { return sole_dispatcher(how); }
+#endif
 
 #ifdef NATIVE_STACKS
 // Each distinct stack is stored once, keyed by a 64-bit hash of its frames, as the Python
@@ -210,18 +279,25 @@ int on_cpu_sample(void *ctx) {
     if ((pid_tgid >> 32) != TARGET_TGID)
         return 0;
     u32 tid = pid_tgid;
-    u32 python = tstates.lookup(&tid) ? 1 : 0;
     struct pysample sample = {};
+    u64 *tstate = tstates.lookup(&tid);
+    sample.python = tstate ? 1 : 0;
+    if (!tstate) {
+        u32 how = DISPATCH_NONE;
+        u32 dispatcher = dispatcher_of(tid, &how);
+        if (dispatcher)
+            tstate = tstates.lookup(&dispatcher);
+        if (tstate) {
+            sample.dispatcher = dispatcher;
+            sample.dispatch = how;
+        }
+    }
 #ifdef NATIVE_STACKS
     sample.native = native_stack(ctx);
-#else
-    if (!python)
-        return 0;
 #endif
     sample.t_ns = bpf_ktime_get_ns();
-    sample.stack = python ? walk_python(0) : 0;
+    sample.stack = tstate ? walk_tstate(tstate) : 0;
     sample.tid = tid;
-    sample.python = python;
     u32 zero = 0;
     u64 *next = sample_count.lookup(&zero);
     if (!next)

@@ -1,0 +1,152 @@
+"""The pool's call sites from its workers' own samples: each eBPF sample of a worker carries its
+dispatcher's Python stack, so the sites hold at region rates where the region probes must come
+off, and with the dispatch on a second Python thread."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from profkit.analysis.attribution import by_samples
+from profkit.analysis.pipeline import analyse
+from profkit.bundle.read import load_bundle
+
+from .conftest import StartRecipe, attach
+from .test_pystacks_live import SITES, assert_ratio, line_of, report_of
+
+pytestmark = pytest.mark.root
+
+# 95% of the binomial spread of a share of 1/2 is within 0.03 from this many samples on: the
+# captures below are sized to take more (the sampler's rate times the pool's CPU times the
+# window), and check that they did.
+SAMPLES_FOR_3_POINTS = math.ceil((1.96 * 0.5 / 0.03) ** 2)
+
+
+def openmp_rows(report: dict) -> dict[str, dict]:
+    return {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
+
+
+def assert_sites_by_samples(report: dict) -> dict:
+    """Every site placed by samples, each share within 0.03 of 1:2:3 and inside its interval;
+    returns the pool's attribution note."""
+    rows = openmp_rows(report)
+    assert set(SITES) <= set(rows), report["attribution"]
+    assert {r["method"] for r in rows.values()} == {"sampled"}, rows
+    (note,) = [n for n in report["attribution_notes"] if n["pool"] == "openmp"]
+    samples = sum(r["samples"] for r in rows.values())
+    assert samples >= SAMPLES_FOR_3_POINTS, (samples, note)
+    for site, weight in SITES.items():
+        row = rows[site]
+        assert row["share"] == pytest.approx(weight / 6, abs=0.03), rows
+        # The interval the report prints holds the true share.
+        assert abs(row["share"] - weight / 6) <= row["uncertainty"], (row, note)
+        assert row["site"].endswith(f"recipes/sites.py:{line_of('# ' + site.replace('_', ' '))}")
+    return note
+
+
+def test_sites_from_worker_samples_with_the_region_probes_off(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
+    """Back-to-back 1-MB copies (the same warm work at each site) as fast as they go: a budget
+    that cannot hold the region probes takes them off, and the workers' samples still name
+    the three sites in their ratio."""
+    recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", "--mb", "1", warmup=1.0)
+    out = tmp_path / "b"
+    captured = attach(
+        recipe.pid,
+        out,
+        "--budget",
+        "0.01",
+        "--perf-rate",
+        "499",
+        "--ebpf-sched",
+        "off",
+        duration=6.0,
+    )
+    assert captured.returncode == 0, captured.stderr
+    ebpf = json.loads((out / "ebpf.json").read_text())
+    decision = ebpf["regions_decision"]
+    assert decision["traced"] is False and "workers' samples" in decision["reason"], decision
+    assert not ebpf["regions"]["tid"], "no region is counted with the probes off"
+    note = assert_sites_by_samples(report_of(out))
+    assert "placed by their dispatcher's Python stack" in note["reason"], note
+    # One Python thread: the workers are placed under it, by the wakeups or as the only one.
+    dispatched = ebpf["python"]["dispatched"]
+    assert set(dispatched["dispatcher"]) == {recipe.pid}, set(dispatched["dispatcher"])
+
+
+def test_sites_at_5000_regions_a_second(start_recipe: StartRecipe, tmp_path: Path) -> None:
+    """Paced to 5 000 regions a second of small copies. With the region probes on and the
+    scheduler traced, each region's worker time is measured exactly: the samples' shares of the
+    same capture must hold those in their interval. (The paced round is not equal work per
+    site: its first region wakes workers that slept through the pause.) At default settings
+    every site is found, by the regions of the probes' on-times or by the samples."""
+    recipe = start_recipe(
+        "sites.py",
+        *("--pool", "torch", "--threads", "4", "--mb", "0.25", "--rounds-per-s", "833"),
+        warmup=1.0,
+    )
+    exact = tmp_path / "exact"
+    flags = ("--budget", "100", "--ebpf-sched", "on", "--perf-rate", "999")
+    captured = attach(recipe.pid, exact, *flags, duration=6.0)
+    assert captured.returncode == 0, captured.stderr
+    bundle = load_bundle(exact)
+    report = analyse(bundle)
+    (pool,) = [p for p in report.pools if p.pool.name == "openmp"]
+    assert pool.attribution.method == "stack" and pool.regions > 5 * 3000, pool.attribution
+    truth = {s.site.function: s.share for s in pool.attribution.sites}
+    assert bundle.sched is not None
+    sampled = by_samples(
+        bundle.sched, set(pool.pool.workers), pool.cores, bundle.window, [], None, bundle.perf
+    )
+    assert sampled is not None and sampled.method == "sampled"
+    shares = {s.site.function: s.share for s in sampled.sites}
+    assert sum(s.samples for s in sampled.sites) >= SAMPLES_FOR_3_POINTS, sampled
+    for site in SITES:
+        assert abs(shares[site] - truth[site]) <= sampled.uncertainty, (shares, truth, sampled)
+
+    out = tmp_path / "b"
+    captured = attach(recipe.pid, out, "--perf-rate", "999", duration=8.0)
+    assert captured.returncode == 0, captured.stderr
+    decision = json.loads((out / "ebpf.json").read_text())["regions_decision"]
+    assert decision["regions_per_s"] > 3000, decision
+    rows = openmp_rows(report_of(out))
+    assert set(SITES) <= set(rows), rows
+    if decision.get("traced"):
+        # Switched: the regions of the on-times place the CPU; each on-time cuts at most a
+        # round at either edge.
+        assert {r["method"] for r in rows.values()} == {"stack"}, rows
+        assert_ratio({site: rows[site]["regions"] for site in SITES}, 0.02)
+    else:
+        assert {r["method"] for r in rows.values()} == {"sampled"}, rows
+
+
+def test_workers_follow_the_thread_that_dispatches(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
+    """Two Python threads, the main one waiting and a second one dispatching: the workers'
+    samples carry the second thread's stack, found by who woke them."""
+    recipe = start_recipe(
+        "sites.py", "--pool", "torch", "--threads", "4", "--mb", "1", "--thread", warmup=1.0
+    )
+    out = tmp_path / "b"
+    # The scheduler traced: the sampler learns who wakes each worker with it.
+    flags = ("--budget", "0.01", "--ebpf-sched", "on", "--perf-rate", "999")
+    captured = attach(recipe.pid, out, *flags, duration=6.0)
+    assert captured.returncode == 0, captured.stderr
+    python = json.loads((out / "ebpf.json").read_text())["python"]
+    assert len(python["threads"]) == 2, python["threads"]
+    (dispatcher,) = set(python["threads"]) - {recipe.pid}
+    dispatched = python["dispatched"]
+    placed = [
+        d for d, s in zip(dispatched["dispatcher"], dispatched["stack"], strict=True) if s >= 0
+    ]
+    assert placed and set(placed) == {dispatcher}, set(placed)
+    assert set(dispatched["how"]) <= {0, 1}, "never the only Python thread: there are two"
+    report = report_of(out)
+    assert_sites_by_samples(report)
+    stack = openmp_rows(report)["site_three"]
+    assert stack["method"] == "sampled"

@@ -1,0 +1,140 @@
+"""The sampled method on made-up samples whose answer is known: shares by count, the interval,
+spin while the dispatcher is elsewhere, and when the method is chosen over the stack method."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from profkit.analysis.attribution import MIN_DISPATCHED_SAMPLES, attribute, by_samples
+from profkit.bundle.read import DispatchedSamples, EbpfData, Frame, PerfSamples, PyStack
+
+FILE = "/srv/app.py"
+SITE_A, SITE_B, SLEEP = Frame(FILE, "a", 10), Frame(FILE, "b", 20), Frame(FILE, "loop", 30)
+STACKS = (
+    PyStack((Frame(FILE, "<module>", 1), SITE_A), regions=0, region_ns=0),
+    PyStack((Frame(FILE, "<module>", 1), SITE_B), regions=0, region_ns=0),
+    PyStack((Frame(FILE, "<module>", 1), SLEEP), regions=0, region_ns=0),
+)
+WORKERS = {11, 12}
+WINDOW = (0, 10_000)
+
+
+def ns(values: list[int]) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
+def sched_with(
+    stacks: list[int],
+    tids: list[int] | None = None,
+    how: list[int] | None = None,
+    regions: tuple[list[int], list[int]] = ([], []),
+    region_on: tuple[tuple[int, int], ...] = (),
+) -> EbpfData:
+    count = len(stacks)
+    tids = tids or [11 + i % 2 for i in range(count)]
+    starts, region_stacks = regions
+    return EbpfData(
+        threads={},
+        wakeups=(),
+        slice_tid=ns([]),
+        slice_start=ns([]),
+        slice_end=ns([]),
+        slice_voluntary=ns([]),
+        region_tid=ns([1] * len(starts)),
+        region_start=ns(starts),
+        region_end=ns([t + 5 for t in starts]),
+        region_requested=ns([0] * len(starts)),
+        lost=0,
+        uprobes_attached=bool(starts),
+        region_on=region_on,
+        region_stack=ns(region_stacks),
+        python_stacks=STACKS,
+        walker="on",
+        dispatched=DispatchedSamples(
+            t_ns=ns([10 * (i + 1) for i in range(count)]),
+            tid=ns(tids),
+            dispatcher=ns([1 if s >= 0 else 0 for s in stacks]),
+            how=ns(how or [1 if s >= 0 else 0 for s in stacks]),
+            stack=ns(stacks),
+            rate_hz=99,
+        ),
+    )
+
+
+def test_shares_follow_the_sample_counts_with_a_binomial_interval() -> None:
+    sched = sched_with([0] * 30 + [1] * 90)
+    result = by_samples(sched, WORKERS, 2.0, WINDOW, [])
+    assert result is not None and result.method == "sampled"
+    shares = {s.site: s.share for s in result.sites}
+    assert shares == {SITE_A: 0.25, SITE_B: 0.75}
+    assert [s.samples for s in result.sites] == [90, 30]
+    assert result.sites[0].pool_cores == pytest.approx(1.5)
+    assert result.uncertainty == pytest.approx(1.96 * (0.25 * 0.75 / 120) ** 0.5)
+    assert result.sites[0].stack == STACKS[1].frames
+
+
+def test_samples_without_a_dispatcher_are_spread_and_widen_the_interval() -> None:
+    sched = sched_with([0] * 50 + [1] * 50 + [-1] * 100)
+    result = by_samples(sched, WORKERS, 1.0, WINDOW, [])
+    assert result is not None
+    assert result.labelled_share == pytest.approx(0.5)
+    assert result.uncertainty == pytest.approx(1.96 * (0.25 / 100) ** 0.5 + 0.5)
+    assert "100 of 200 worker samples" in result.reason
+
+
+def test_other_threads_and_samples_outside_the_window_do_not_count() -> None:
+    sched = sched_with([0] * 40 + [1] * 40, tids=[11] * 40 + [99] * 40)
+    result = by_samples(sched, WORKERS, 1.0, (0, 300), [])
+    assert result is not None
+    assert {s.site: s.samples for s in result.sites} == {SITE_A: 30}  # t = 10, 20, ..., 300
+
+
+def test_too_few_samples_give_no_attribution() -> None:
+    sched = sched_with([0] * (MIN_DISPATCHED_SAMPLES - 1))
+    assert by_samples(sched, WORKERS, 1.0, WINDOW, []) is None
+
+
+def native_for(sched: EbpfData, spinning: list[bool]) -> PerfSamples:
+    """The sampler's native stacks for the same samples: a copy kernel, or libgomp's spin."""
+    assert sched.dispatched is not None
+    gomp = "/usr/lib/libgomp.so.1"
+    return PerfSamples(
+        frames=(("main", "/usr/bin/python3"), ("direct_copy_kernel", "libtorch.so"), ("", gomp)),
+        stacks=((0, 1), (2,)),
+        t_ns=sched.dispatched.t_ns,
+        tid=sched.dispatched.tid,
+        period_ns=ns([1] * len(spinning)),
+        stack=ns([1 if spin else 0 for spin in spinning]),
+        callgraph="fp",
+        source="eBPF",
+    )
+
+
+def test_spin_while_the_dispatcher_sleeps_is_spread_as_the_work() -> None:
+    """Workers spinning while their dispatcher sleeps between requests: the sleep's line never
+    has a working sample, so it gets no share; spin at a dispatching line stays there."""
+    stacks = [0] * 20 + [1] * 60 + [2] * 40 + [1] * 20
+    spinning = [False] * 80 + [True] * 60
+    sched = sched_with(stacks)
+    result = by_samples(sched, WORKERS, 1.0, WINDOW, [], native=native_for(sched, spinning))
+    assert result is not None
+    assert {s.site: s.samples for s in result.sites} == {SITE_A: 20, SITE_B: 80}
+    assert "40 spinning while the dispatcher was elsewhere" in result.reason
+    # Without the native stacks the sleep's line is a site of its own.
+    blind = by_samples(sched, WORKERS, 1.0, WINDOW, [])
+    assert blind is not None and SLEEP in {s.site for s in blind.sites}
+
+
+def test_samples_decide_only_where_no_region_carries_a_stack() -> None:
+    """Regions with their stacks (probes on, or switched on part of the window): the stack
+    method. Probes off, no region: the samples place the CPU."""
+    regions = ([100, 200, 300], [0, 1, 1])
+    whole = sched_with([0] * 30 + [1] * 30, regions=regions)
+    assert attribute(None, whole, {1}, WORKERS, 1.0, WINDOW, []).method == "stack"
+    switched = sched_with([0] * 30 + [1] * 30, regions=regions, region_on=((0, 1000),))
+    assert attribute(None, switched, {1}, WORKERS, 1.0, WINDOW, []).method == "stack"
+    off = sched_with([0] * 30 + [1] * 30)
+    result = attribute(None, off, {1}, WORKERS, 1.0, WINDOW, [])
+    assert result.method == "sampled" and result.regions == 0
+    assert {s.site: s.samples for s in result.sites} == {SITE_A: 30, SITE_B: 30}
