@@ -40,7 +40,7 @@ from ..bundle.read import (
     PerfSamples,
     PythonSamples,
 )
-from .activity import SPIN, classify_stack
+from .activity import SPIN, WORK, classify_stack
 from .frames import KERNEL_DSO, KERNEL_OPS, OPENMP_DSOS, aten_op, is_openmp_frame
 
 # py-spy stamps a sample after unwinding it, a little after the moment the thread was stopped.
@@ -464,25 +464,63 @@ def _in_runtime(native: PerfSamples, stack: int) -> bool:
     return bool(user) and bool(OPENMP_DSOS.search(user[-1][1]))
 
 
-def _spinning(dispatched: DispatchedSamples, native: PerfSamples | None) -> np.ndarray:
-    """Which samples caught their worker in the runtime rather than at work, read from the
-    same samples' native stacks (the eBPF sampler takes both at once); none where there are
-    none."""
-    spinning = np.zeros(len(dispatched.t_ns), dtype=bool)
+def _native_kinds(
+    dispatched: DispatchedSamples, native: PerfSamples | None
+) -> tuple[np.ndarray, list[str | None]]:
+    """For each sample, from the same sample's native stack (the eBPF sampler takes both at
+    once): whether it caught its worker in the runtime rather than at work, and what it was
+    working in (an ATen kernel's name where one is on the stack). Nothing where there are no
+    such stacks."""
+    count = len(dispatched.t_ns)
+    spinning = np.zeros(count, dtype=bool)
+    work: list[str | None] = [None] * count
     if native is None or native.source != "eBPF":
-        return spinning
+        return spinning, work
     stack_at = {
         (int(tid), int(t)): int(stack)
         for tid, t, stack in zip(native.tid, native.t_ns, native.stack, strict=True)
     }
-    kinds: dict[int, bool] = {}
+    kinds: dict[int, tuple[bool, str | None]] = {}
     for i, (tid, t) in enumerate(zip(dispatched.tid, dispatched.t_ns, strict=True)):
         stack = stack_at.get((int(tid), int(t)))
-        if stack is not None:
-            if stack not in kinds:
-                kinds[stack] = _in_runtime(native, stack)
-            spinning[i] = kinds[stack]
-    return spinning
+        if stack is None:
+            continue
+        if stack not in kinds:
+            category, detail = classify_stack(native, stack)
+            kinds[stack] = (_in_runtime(native, stack), detail if category == WORK else None)
+        spinning[i], work[i] = kinds[stack]
+    return spinning, work
+
+
+# The window is cut into this many blocks for the batch-means interval.
+INTERVAL_BLOCKS = 20
+
+
+def _batch_interval(
+    placed: list[tuple[int, Frame]], sites: list[Frame], window: tuple[int, int]
+) -> float:
+    """A 95% interval of the largest share that holds when samples come in bursts: workers
+    sampled at one tick sit in one region, and a CPU quota runs the pool in short bursts, so
+    the samples are not independent draws and the binomial interval is too narrow. The shares
+    of blocks of the window vary as much as the samples really do (batch means); 0 with too
+    few blocks to tell."""
+    span = window[1] - window[0]
+    if span <= 0 or len(placed) < 2 * INTERVAL_BLOCKS:
+        return 0.0
+    counts = np.zeros((INTERVAL_BLOCKS, len(sites)))
+    column = {site: i for i, site in enumerate(sites)}
+    for t, site in placed:
+        block = min(INTERVAL_BLOCKS - 1, max(0, (t - window[0]) * INTERVAL_BLOCKS // span))
+        counts[block, column[site]] += 1
+    totals = counts.sum(axis=1)
+    used = totals > 0
+    if used.sum() < 5:
+        return 0.0
+    shares = counts[used] / totals[used, None]
+    spread = shares.std(axis=0, ddof=1) / math.sqrt(int(used.sum()))
+    blocks = int(used.sum())
+    t95 = 2.09 if blocks >= 20 else 2.26 if blocks >= 10 else 2.78  # Student's t, 95%
+    return float(t95 * spread.max())
 
 
 def by_samples(
@@ -515,7 +553,7 @@ def by_samples(
     taken = int(mask.sum())
     stacks = sched.python_stacks
     known = mask & (dispatched.stack >= 0) & (dispatched.stack < len(stacks))
-    spinning = _spinning(dispatched, native)
+    spinning, work_of = _native_kinds(dispatched, native)
 
     def site_of(index: int) -> Frame | None:
         frames = stacks[index].frames
@@ -524,25 +562,37 @@ def by_samples(
     sites_of = {int(i): site_of(int(i)) for i in np.unique(dispatched.stack[known])}
     working = {sites_of[int(i)] for i in dispatched.stack[known & ~spinning] if sites_of[int(i)]}
     by_site: dict[Frame, Counter[int]] = {}
+    kernels: dict[Frame, Counter[str]] = {}  # what each site's workers were working in
     spread = 0  # spinning while the dispatcher was at a line that dispatches nothing
-    for index, spin in zip(dispatched.stack[known], spinning[known], strict=True):
-        site = sites_of[int(index)]
-        if site is None or (spin and site not in working):
-            spread += int(spin)
+    placed: list[tuple[int, Frame]] = []  # (time, site) of each sample that counts
+    for i in np.flatnonzero(known):
+        site = sites_of[int(dispatched.stack[i])]
+        if site is None or (spinning[i] and site not in working):
+            spread += int(spinning[i])
             continue
-        by_site.setdefault(site, Counter())[int(index)] += 1
+        by_site.setdefault(site, Counter())[int(dispatched.stack[i])] += 1
+        placed.append((int(dispatched.t_ns[i]), site))
+        if work_of[i]:
+            kernels.setdefault(site, Counter())[str(work_of[i])] += 1
     n = sum(sum(counts.values()) for counts in by_site.values())
     if n < MIN_DISPATCHED_SAMPLES:
         return None
     labelled = n / taken
     shares = {site: sum(counts.values()) / n for site, counts in by_site.items()}
-    interval = max(1.96 * math.sqrt(p * (1 - p) / n) for p in shares.values())
+    interval = max(
+        max(1.96 * math.sqrt(p * (1 - p) / n) for p in shares.values()),
+        _batch_interval(placed, list(shares), window),
+    )
     regions_of = {s.site: s.regions for s in regions_seen.sites} if regions_seen else {}
     sites = []
     for site, share in sorted(shares.items(), key=lambda item: -item[1]):
         stack = stacks[by_site[site].most_common(1)[0][0]].frames
         code = stack[-1].code
-        op, op_source = _resolve_op(Counter(), worker_kernels, code)
+        # What the site's own workers spent most samples in, where their native stacks were
+        # read: the pool's kernels mix every site's, and a small copy inside a matrix product
+        # must not name the op.
+        own = [kernels[site].most_common(1)[0][0]] if site in kernels else None
+        op, op_source = _resolve_op(Counter(), worker_kernels if own is None else own, code)
         sites.append(
             SiteShare(
                 site,

@@ -3,6 +3,8 @@ spin while the dispatcher is elsewhere, and when the method is chosen over the s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -138,3 +140,18 @@ def test_samples_decide_only_where_no_region_carries_a_stack() -> None:
     result = attribute(None, off, {1}, WORKERS, 1.0, WINDOW, [])
     assert result.method == "sampled" and result.regions == 0
     assert {s.site: s.samples for s in result.sites} == {SITE_A: 30, SITE_B: 30}
+
+
+def test_bursts_widen_the_interval_past_the_binomial() -> None:
+    """Samples in bursts (a quota runs the pool a few ms each period, every worker sampled in
+    one region): blocks of the window all of one site. The count says 200 samples, but they
+    are 20 draws: the interval must say so."""
+    stacks = [0 if block % 2 else 1 for block in range(20) for _ in range(10)]
+    sched = sched_with(stacks)
+    assert sched.dispatched is not None
+    spaced = replace(sched.dispatched, t_ns=ns([i * 50 for i in range(200)]))
+    result = by_samples(replace(sched, dispatched=spaced), WORKERS, 1.0, WINDOW, [])
+    assert result is not None
+    binomial = 1.96 * (0.25 / 200) ** 0.5
+    # 20 draws: about sqrt(200 / 20) = 3.2 times the binomial half-width of 200.
+    assert result.uncertainty > 3 * binomial, (result.uncertainty, binomial)
