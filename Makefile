@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PROFKIT := $(VENV)/bin/profkit
 MYPY := $(VENV)/bin/mypy
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean probes
 
 setup:
 	@bash scripts/setup.sh
@@ -18,6 +18,7 @@ RUFF_PATHS := profkit recipes tests benchmarks scripts
 
 test:
 	@bash scripts/setup.sh --test
+	@bash scripts/build_probes.sh --check
 	@$(VENV)/bin/ruff check $(RUFF_PATHS)
 	@$(VENV)/bin/ruff format --check $(RUFF_PATHS)
 	@$(MYPY)
@@ -27,6 +28,10 @@ lint: setup
 	@$(VENV)/bin/ruff check $(RUFF_PATHS)
 	@$(VENV)/bin/ruff format --check $(RUFF_PATHS)
 	@$(MYPY)
+
+# The CO-RE objects, built again from their sources (commit them).
+probes:
+	@bash scripts/build_probes.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache

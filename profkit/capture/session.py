@@ -525,6 +525,7 @@ def _options_record(request: CaptureRequest) -> dict[str, object]:
         "pyspy_mode": options.pyspy_mode,
         "pyspy_mode_reason": options.pyspy_mode_reason,
         "ebpf_sched": options.ebpf_sched,
+        "ebpf_loader": options.ebpf_loader,
         "python_stacks": options.python_stacks,
     }
 

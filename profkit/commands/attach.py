@@ -11,6 +11,7 @@ from ..bundle.write import default_directory
 from ..capture.budget import Budget
 from ..capture.collectors.base import (
     CaptureOptions,
+    EbpfLoader,
     EbpfSched,
     PerfCallgraph,
     PySpyMode,
@@ -41,6 +42,7 @@ def run_capture(
     tool_cores: float = Budget().tool_cores,
     pyspy_mode: PySpyMode = "auto",
     ebpf_sched: EbpfSched = "auto",
+    ebpf_loader: EbpfLoader = "auto",
     python_stacks: PythonStacks = "auto",
     force: bool = False,
 ) -> int:
@@ -62,6 +64,7 @@ def run_capture(
         pyspy_mode=pyspy_mode,
         python_stacks=python_stacks,
         ebpf_sched=ebpf_sched,
+        ebpf_loader=ebpf_loader,
         perf_callgraph=perf_callgraph,
         perf_rate_hz=perf_rate,
         perf_scope=perf_scope,

@@ -187,6 +187,16 @@ def capture_options(function: F) -> F:
             f"({pct(SCHED_TRACE_SHARE)}) of --budget.",
         ),
         click.option(
+            "--ebpf-loader",
+            type=click.Choice(["auto", "core", "bcc"]),
+            default="auto",
+            show_default=True,
+            help="How the eBPF programs load: bcc compiles them here (needs kernel headers and "
+            "bcc; every program), core loads prebuilt CO-RE objects through libbpf (needs only "
+            "BTF and libbpf1; the sampler and stack walker so far, no region probes or "
+            "scheduler tracepoints); auto takes bcc where it loads, else core.",
+        ),
+        click.option(
             "--python-stacks",
             type=click.Choice(["auto", "off"]),
             default="auto",

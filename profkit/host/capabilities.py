@@ -234,6 +234,40 @@ def check_bcc() -> Check:
     )
 
 
+CORE_PROBE = (
+    "from profkit.capture.ebpf import libbpf, core_sampler as c\n"
+    "why = libbpf.readiness()\n"
+    "if why: raise SystemExit('core-missing: ' + why)\n"
+    "o = libbpf.CoreObject(c.OBJECT, c.SamplerConfig(py_frame_span=8), {}, c.TYPES)\n"
+    "o.close()\n"
+    "print('core-ok', libbpf.version())\n"
+)
+
+
+def check_core() -> Check:
+    """Load the prebuilt CO-RE sampler through libbpf: what runs where bcc cannot compile."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", CORE_PROBE], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        return Check("CO-RE (libbpf)", MISSING, "loading the sampler took over 60 s")
+    text = (out.stdout + out.stderr).strip()
+    if out.stdout.startswith("core-ok"):
+        version = out.stdout.split()[-1]
+        return Check(
+            "CO-RE (libbpf)", OK, f"libbpf {version} loaded the prebuilt sampler and walker"
+        )
+    last = text.splitlines()[-1] if text else f"exit {out.returncode}"
+    if "core-missing:" in last:
+        reason = last.split("core-missing:", 1)[1].strip()
+        fix = "apt-get install libbpf1" if "libbpf" in reason else "a kernel with BTF"
+        return Check("CO-RE (libbpf)", MISSING, reason, fix)
+    return Check(
+        "CO-RE (libbpf)", MISSING, f"load failed: {last[:160]}", "run as root with CAP_BPF"
+    )
+
+
 def check_btf() -> Check:
     if Path("/sys/kernel/btf/vmlinux").exists():
         return Check("BTF", OK, "/sys/kernel/btf/vmlinux")
@@ -369,6 +403,7 @@ CHECKS: tuple[Callable[[], Check | list[Check]], ...] = (
     check_kernel_headers,
     check_bcc,
     check_btf,
+    check_core,
     check_tracefs,
     check_uprobes,
     check_code_readers,

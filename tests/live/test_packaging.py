@@ -37,3 +37,8 @@ def test_wheel_contains_probes(tmp_path: Path) -> None:
         assert f"profkit/capture/ebpf/probes/{probe}" in names
     assert "profkit/cli.py" in names and "profkit/commands/doctor.py" in names
     assert "profkit/render/flame.js" in names  # the flame graph's script
+    # The prebuilt CO-RE objects and their sources, for nodes where bcc cannot compile.
+    core = sorted((ROOT / "profkit/capture/ebpf/probes/core").glob("*.bpf.[co]"))
+    assert {p.suffix for p in core} == {".c", ".o"}, core
+    for path in core:
+        assert f"profkit/capture/ebpf/probes/core/{path.name}" in names

@@ -103,6 +103,13 @@ def setitem(path: tuple[str | int, ...], value: object) -> Callable[[dict], None
     return change
 
 
+def dispatched_part(how: int, stack: int) -> dict:
+    """The walker's part of ebpf.json with one sample of a worker and no stacks."""
+    columns = {key: [1] for key in ("t_ns", "tid", "dispatcher")}
+    samples = {"rate_hz": 99, **columns, "how": [how], "stack": [stack]}
+    return {"walker": "on", "stacks": [], "dispatched": samples}
+
+
 CASES: dict[str, tuple[Callable[[Path], object], str]] = {
     "100 000-deep part": (
         lambda b: (b / "proc.json").write_text(DEEP),
@@ -179,38 +186,11 @@ CASES: dict[str, tuple[Callable[[Path], object], str]] = {
         'ebpf.json: wakeups[0] is a string ("a"), not an integer',
     ),
     "a dispatcher chosen no known way": (
-        edit(
-            "ebpf.json",
-            setitem(
-                ("python",),
-                {
-                    "walker": "on",
-                    "stacks": [],
-                    "dispatched": {
-                        "rate_hz": 99,
-                        **{key: [1] for key in ("t_ns", "tid", "dispatcher", "stack")},
-                        "how": [7],
-                    },
-                },
-            ),
-        ),
+        edit("ebpf.json", setitem(("python",), dispatched_part(how=7, stack=0))),
         "ebpf.json: python.dispatched.how holds a value other than [0, 1, 2]",
     ),
     "a dispatched sample past the stacks": (
-        edit(
-            "ebpf.json",
-            setitem(
-                ("python",),
-                {
-                    "walker": "on",
-                    "stacks": [],
-                    "dispatched": {
-                        "rate_hz": 99,
-                        **{key: [1] for key in ("t_ns", "tid", "dispatcher", "how", "stack")},
-                    },
-                },
-            ),
-        ),
+        edit("ebpf.json", setitem(("python",), dispatched_part(how=1, stack=1))),
         "ebpf.json: python.dispatched.stack holds 1, past the 0 entries of python.stacks",
     ),
     "a perf frame that is a number": (

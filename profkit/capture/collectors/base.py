@@ -15,6 +15,9 @@ from ..clock import Clock
 
 PythonStacks = Literal["auto", "off"]
 EbpfSched = Literal["auto", "on", "off"]
+# How the eBPF programs load: bcc compiles them on the node (headers and a compiler there), or
+# prebuilt CO-RE objects load through libbpf (BTF is enough); auto takes bcc where it loads.
+EbpfLoader = Literal["auto", "core", "bcc"]
 PerfCallgraph = Literal["fp", "dwarf"]
 
 
@@ -33,6 +36,7 @@ class CaptureOptions:
     pyspy_mode_reason: str = ""  # why the plan chose --nonblocking
     python_stacks: PythonStacks = "auto"  # "off": no eBPF stack walker
     ebpf_sched: EbpfSched = "auto"
+    ebpf_loader: EbpfLoader = "auto"
     perf_callgraph: PerfCallgraph = "fp"
     perf_rate_hz: int = 49
     perf_scope: str = "cpu"  # "thread"

@@ -23,11 +23,15 @@ from typing import Any
 from ...bundle.parts import EBPF, NATIVE, CollectorResult
 from ...bundle.safefile import write_new
 from ...host import procfs
+from ...host.symbols import ProcessSymbols
 from ...host.target import Runtime, Target
 from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
 from ..clock import Clock
 from ..collectors.base import Availability, CaptureContext
+from . import libbpf
+from .core_sampler import load_sampler
 from .duty import MIN_DUTY, RECOUNT_S, DutyCycle
+from .libbpf import CoreObject
 from .loader import BccUnavailable, BpfProgram, detach_uprobes, load_bcc
 from .native import NATIVE_STACK_ENTRIES, native_tables, read_stacks
 from .pywalk import PythonWalker
@@ -195,6 +199,8 @@ class EbpfCollector:
         self._judged.set()
         self._sampling = False
         self._dispatch_wakeups = False
+        self.loader = "bcc"
+        self._core: CoreObject | None = None  # the CO-RE sampler, where it runs instead of bcc
         self._native = False
         self._sample_hz = PYTHON_SAMPLE_HZ
         self.lost = {"slices": 0, "regions": 0}
@@ -206,11 +212,31 @@ class EbpfCollector:
         try:
             load_bcc()
         except BccUnavailable as exc:
-            return Availability(False, str(exc))
+            core = libbpf.readiness()
+            if core:
+                return Availability(False, f"{exc}; and CO-RE cannot load: {core}")
         return Availability(True)
+
+    def _choose_loader(self, asked: str) -> str:
+        """bcc where asked or, for auto, where it loads; else the prebuilt CO-RE objects."""
+        if asked != "auto":
+            return asked
+        try:
+            load_bcc()
+        except BccUnavailable as exc:
+            self.warnings.append(
+                f"eBPF through the prebuilt CO-RE sampler ({exc}): no region probes or "
+                "scheduler tracepoints yet"
+            )
+            return "core"
+        return "bcc"
 
     def start(self, context: CaptureContext) -> None:
         self._context = context
+        self.loader = self._choose_loader(context.options.ebpf_loader)
+        if self.loader == "core":
+            self._start_core(context)
+            return
         target = context.target
         switches = SwitchRate(context.clock)
         flags = self._prepare_walker(target, context.options.python_stacks != "off")
@@ -244,6 +270,61 @@ class EbpfCollector:
                 name="profkit-region-rate",
                 daemon=True,
             ).start()
+        self._start_ns = context.clock()
+
+    def _start_core(self, context: CaptureContext) -> None:
+        """The prebuilt sampler and walker through libbpf: Python and native stacks of every
+        target thread, a worker's with its dispatcher's Python stack. No region probes or
+        scheduler tracepoints: those are bcc's programs still."""
+        target = context.target
+        flags = self._prepare_walker(target, context.options.python_stacks != "off")
+        if not flags or self.walker is None or self.walker.layout is None:
+            raise libbpf.CoreUnavailable(
+                self.walker.reason if self.walker else "no Python stack walker"
+            )
+        # The wakeup tracepoint that finds a worker's dispatcher runs on every wakeup of the
+        # machine: it follows the scheduler decision's cost check.
+        decided = decide_sched(context)
+        wakeups = bool(decided["traced"])
+        not_yet = "not in the CO-RE programs yet (--ebpf-loader bcc has them)"
+        self.sched_decision = {
+            **decided,
+            "traced": False,
+            "reason": f"scheduler tracepoints {not_yet}",
+        }
+        self.region_decision = {
+            "traced": False,
+            "reason": f"OpenMP region probes {not_yet}; the pool's call sites come from its "
+            "workers' samples",
+        }
+        self._native = (
+            "perf_record" not in context.collectors and context.options.perf_callgraph == "fp"
+        )
+        if self._native:
+            self._sample_hz = context.options.perf_rate_hz
+        program = OpenMPProgram(
+            tgid=target.pid, native_stacks=NATIVE_STACK_ENTRIES if self._native else 0
+        )
+        core = load_sampler(
+            target.pid, self.walker.layout, program.sample_capacity, program.native_stacks
+        )
+        self._core = core
+        try:
+            core.attach_cpu_clock("on_cpu_sample", self._sample_hz)
+            what = "Python and native stacks" if self._native else "Python stacks"
+            self.attached.append(f"perf_event:cpu-clock@{self._sample_hz}Hz ({what}, CO-RE)")
+            if wakeups:
+                try:
+                    core.attach("on_waking")
+                    self.attached.append("tp_btf:sched_waking (dispatchers, CO-RE)")
+                except libbpf.CoreUnavailable as exc:
+                    # Workers are then placed under the only Python thread, where there is one.
+                    self.warnings.append(f"wakeups not traced, dispatchers by thread count: {exc}")
+            self._sampling = True
+            self.walker.attach(core)
+        except Exception:
+            self.cleanup()
+            raise
         self._start_ns = context.clock()
 
     def wait_started(self, stop: threading.Event) -> None:
@@ -541,6 +622,8 @@ class EbpfCollector:
 
     def stop(self) -> CollectorResult:
         assert self._context is not None
+        if self._core is not None:
+            return self._stop_core()
         self._judged.wait(timeout=5)  # a window cut short by a signal may end before the check
         self._stop_cycle()
         end_ns = self._context.clock()
@@ -588,16 +671,7 @@ class EbpfCollector:
             if not self.regions_detached:
                 self._read_regions(self._openmp_bpf, ended, stack_index)
             if self._sampling:
-                python["samples"], python["dispatched"], native = self._read_samples(
-                    self._openmp_bpf, stack_index
-                )
-                if native is not None:
-                    write_new(self._context.directory / NATIVE, json.dumps(native))
-                    native_notes = {
-                        "native_samples": len(native["samples"]["t_ns"]),
-                        "native_stacks_lost": native["lost"],
-                        "native_rate_hz": self._sample_hz,
-                    }
+                native_notes = self._take_samples(self._openmp_bpf, python, stack_index)
             if self._sched_bpf is not None and stack_index:
                 python["offcpu"] = {
                     "tid": [tid for (_, tid) in offcpu_by_stack],
@@ -611,6 +685,42 @@ class EbpfCollector:
                 str(k.value): v.value for k, v in hist.items() if v.value
             }
         self.cleanup()
+        return self._finish(payload, end_ns, native_notes, python)
+
+    def _stop_core(self) -> CollectorResult:
+        assert self._context is not None and self._core is not None and self.walker is not None
+        end_ns = self._context.clock()
+        python, stack_index = self.walker.read()
+        native_notes = self._take_samples(self._core, python, stack_index)
+        self.cleanup()
+        payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
+        return self._finish(payload, end_ns, native_notes, python)
+
+    def _take_samples(
+        self, bpf: BpfProgram, python: dict[str, object], stack_index: dict[int, int]
+    ) -> dict[str, object]:
+        """The sampler's logs into the walker's part of ebpf.json, and native.json where it
+        took native stacks; the notes on them for the manifest."""
+        assert self._context is not None
+        python["samples"], python["dispatched"], native = self._read_samples(bpf, stack_index)
+        if native is None:
+            return {}
+        write_new(self._context.directory / NATIVE, json.dumps(native))
+        return {
+            "native_samples": len(native["samples"]["t_ns"]),
+            "native_stacks_lost": native["lost"],
+            "native_rate_hz": self._sample_hz,
+        }
+
+    def _finish(
+        self,
+        payload: dict[str, object],
+        end_ns: int,
+        native_notes: dict[str, object],
+        python: dict[str, object],
+    ) -> CollectorResult:
+        """ebpf.json written, whichever loader ran; the collector's result."""
+        assert self._context is not None
         payload.update(
             {
                 "slices": self.slices,
@@ -629,6 +739,11 @@ class EbpfCollector:
                 ),
                 # Every runtime copy whose region probes went on; regions.runtime indexes it.
                 "runtimes": self.probed_runtimes,
+                "loader": (
+                    {"name": "core", "libbpf": libbpf.version()}
+                    if self.loader == "core"
+                    else {"name": "bcc"}
+                ),
             }
         )
         write_new(self._context.directory / EBPF, json.dumps(payload))
@@ -636,7 +751,7 @@ class EbpfCollector:
             self.name,
             "ok",
             "; ".join(self.warnings),
-            samples=len(self.slices["tid"]) + len(self.regions["tid"]),
+            samples=len(self.slices["tid"]) + len(self.regions["tid"]) + _sampled(python),
             lost=sum(self.lost.values()),
             start_ns=self._start_ns,
             end_ns=end_ns,
@@ -724,11 +839,14 @@ class EbpfCollector:
         native = None
         if self._native:
             assert self._context is not None
+            pid = self._context.target.pid
             native = native_tables(
                 [(int(v.t_ns), int(v.tid), int(v.native)) for _, v in rows],
                 read_stacks(bpf["native_stacks"]),
-                self._context.target.pid,
+                pid,
                 round(1e9 / self._sample_hz),
+                # Without bcc, its symbol cache is not there either.
+                ProcessSymbols(pid) if self.loader == "core" else None,
             )
             # Samples whose stack did not fit the full map, and those past the log.
             native["lost"] += int(bpf["native_counts"][ctypes.c_int(0)].value) + lost["samples"]
@@ -754,12 +872,25 @@ class EbpfCollector:
         if self.walker is not None:
             self.walker.halt()
         self._sched_bpf = self._openmp_bpf = None
+        if self._core is not None:
+            self._core.close()
+            self._core = None
         while self._bpf:
             bpf = self._bpf.pop()
             with contextlib.suppress(Exception):
                 detach_uprobes(bpf)
             with contextlib.suppress(Exception):
                 bpf.cleanup()
+
+
+def _sampled(python: dict[str, object]) -> int:
+    """The sampler's on-CPU samples, of Python threads and of the others."""
+    count = 0
+    for part in ("samples", "dispatched"):
+        table = python.get(part)
+        if isinstance(table, dict):
+            count += len(table.get("t_ns") or ())
+    return count
 
 
 def _entries(bpf: BpfProgram) -> int:

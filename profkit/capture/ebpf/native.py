@@ -10,7 +10,7 @@ as perf names them, so the analysis reads either without knowing which took them
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from .. import demangle
 from .loader import load_bcc
@@ -23,8 +23,16 @@ KERNEL_DSO = "[kernel.kallsyms]"
 UNKNOWN = "[unknown]"
 
 
+class FrameNames(Protocol):
+    """Address -> (symbol, dso): bcc's symbol cache (Symbols) or, without bcc,
+    host.symbols.ProcessSymbols."""
+
+    def frame(self, address: int, kernel: bool) -> tuple[str, str]: ...
+
+
 class Symbols:
-    """Address -> (symbol, dso) for one process and the kernel, each address resolved once."""
+    """Address -> (symbol, dso) for one process and the kernel, each address resolved once,
+    through bcc's symbol cache."""
 
     def __init__(self, pid: int) -> None:
         bcc = load_bcc()
@@ -59,7 +67,7 @@ def native_tables(
     stacks_by_id: dict[int, tuple[list[int], list[int]]],
     pid: int,
     period_ns: int,
-    symbols: Symbols | None = None,
+    symbols: FrameNames | None = None,
 ) -> dict[str, Any]:
     """rows: (t_ns, tid, native stack id) per sample, 0 for none; stacks_by_id: read_stacks of
     the in-kernel map. Returns perf.json's tables, samples in time order; `lost` counts the

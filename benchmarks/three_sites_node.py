@@ -1,0 +1,112 @@
+"""The three-site recipe on a node as it is, in a cgroup v2 CPU quota: captures in a row, each
+with its command-to-prompt time (the report printed), its loader, method and the sites' shares.
+
+    python -m benchmarks.three_sites_node --cores 2 --threads 16 --captures 5
+
+Runs as root on a pure cgroup v2 host (it makes and removes a child group with the quota). The
+shares are those of the pool's CPU per call site; the recipe dispatches 1:2:3 regions of equal
+work (1-MB copies), so 1/6, 2/6, 3/6 is the truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CGROUP = Path("/sys/fs/cgroup")
+SITES = ("site_one", "site_two", "site_three")
+
+
+def quota_group(cores: float) -> Path:
+    group = CGROUP / f"profkit-bench-{os.getpid()}"
+    group.mkdir()
+    (group / "cpu.max").write_text(f"{int(cores * 100_000)} 100000\n")
+    return group
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cores", type=float, default=2.0)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--captures", type=int, default=5)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--mb", type=float, default=1.0)
+    parser.add_argument("extra", nargs="*", help="more `profkit attach` options, after --")
+    args = parser.parse_args(argv)
+    group = quota_group(args.cores)
+    recipe_args = ["--pool", "torch", "--threads", str(args.threads), "--mb", str(args.mb)]
+    recipe = subprocess.Popen(
+        [sys.executable, "-u", str(ROOT / "recipes" / "sites.py"), *recipe_args],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
+    )
+    try:
+        assert recipe.stdout is not None
+        print(recipe.stdout.readline().strip(), flush=True)
+        time.sleep(2.0)
+        attach = [sys.executable, "-m", "profkit", "attach", "--pid", str(recipe.pid)]
+        attach += ["--duration", str(args.duration)]
+        with tempfile.TemporaryDirectory() as scratch:
+            for capture in range(args.captures):
+                out = Path(scratch) / f"b{capture}"
+                started = time.monotonic()
+                attached = subprocess.run(
+                    [*attach, "-o", str(out), *args.extra],
+                    capture_output=True,
+                    text=True,
+                )
+                prompt_s = time.monotonic() - started
+                if attached.returncode != 0:
+                    print(f"capture {capture}: exit {attached.returncode}: {attached.stderr}")
+                    continue
+                report = json.loads(
+                    subprocess.run(
+                        [sys.executable, "-m", "profkit", "report", str(out), "--format", "json"],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    ).stdout
+                )
+                ebpf = (
+                    json.loads((out / "ebpf.json").read_text())
+                    if (out / "ebpf.json").exists()
+                    else {}
+                )
+                rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
+                pools = [p for p in report["pools"] if p["runtime"] == "openmp"]
+                pool_cores = pools[0]["cores"] if pools else 0.0
+                first: dict = next(iter(rows.values()), {})
+                shares = " ".join(
+                    f"{site}={rows[site]['share']:.3f}" if site in rows else f"{site}=-"
+                    for site in SITES
+                )
+                method = next(iter({r["method"] for r in rows.values()}), "none")
+                samples = sum(r["samples"] for r in rows.values())
+                loader = (ebpf.get("loader") or {}).get("name", "-")
+                if not ebpf:
+                    manifest = json.loads((out / "manifest.json").read_text())
+                    print(f"capture {capture}: no ebpf.json: {manifest['collectors'].get('ebpf')}")
+                print(
+                    f"capture {capture}: prompt {prompt_s:.1f} s (window {args.duration:g} s) "
+                    f"loader={loader} method={method} "
+                    f"pool_cores={pool_cores} samples={samples} {shares} "
+                    f"uncertainty={first.get('uncertainty', '-')}",
+                    flush=True,
+                )
+    finally:
+        recipe.terminate()
+        recipe.wait(timeout=30)
+        group.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

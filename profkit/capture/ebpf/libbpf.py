@@ -1,0 +1,307 @@
+"""Load profkit's prebuilt CO-RE programs through libbpf (libbpf.so.1, >= 1.0), by ctypes.
+
+Nothing is compiled on the node: the object is built ahead of time (probes/core/, `make
+probes`) against the few kernel types it needs, and libbpf relocates their fields against the
+running kernel's BTF (/sys/kernel/btf/vmlinux) as it loads. What bcc substitutes into its
+source (the target, the interpreter's layout, the capacities) is set before load: the object's
+one read-only global (a struct this module mirrors) and its logs' sizes.
+
+Maps are read through a small table object with the part of bcc's table interface profkit
+uses (item access, items(), len), so that the readers serve both loaders.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+BTF_PATH = Path("/sys/kernel/btf/vmlinux")
+SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
+PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK = 1, 0
+PERF_FLAG_FD_CLOEXEC = 8
+ATTR_FREQ = 1 << 10  # perf_event_attr's `freq` bit: sample_freq, not a period
+BPF_ANY = 0
+
+
+class CoreUnavailable(RuntimeError):
+    """The CO-RE programs cannot load here; the message says why and what to install."""
+
+
+class _PerfEventAttr(ctypes.Structure):
+    # The first fields of struct perf_event_attr; `size` says how much the kernel reads.
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),
+        ("sample_freq", ctypes.c_uint64),
+        ("sample_type", ctypes.c_uint64),
+        ("read_format", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("wakeup_events", ctypes.c_uint32),
+        ("bp_type", ctypes.c_uint32),
+        ("config1", ctypes.c_uint64),
+        ("config2", ctypes.c_uint64),
+    ]
+
+
+def _library() -> ctypes.CDLL:
+    # PROFKIT_LIBBPF: a libbpf.so.1 brought along where the node has none installed.
+    name = os.environ.get("PROFKIT_LIBBPF") or ctypes.util.find_library("bpf") or "libbpf.so.1"
+    try:
+        lib = ctypes.CDLL(name, use_errno=True)
+    except OSError as exc:
+        raise CoreUnavailable(
+            "libbpf is not installed (apt-get install libbpf1, or your distribution's libbpf "
+            f"1.x package): {exc}"
+        ) from exc
+    if not hasattr(lib, "bpf_program__attach_perf_event"):
+        raise CoreUnavailable(f"{name} is older than libbpf 1.0")
+    pointer, sized = ctypes.c_void_p, ctypes.c_size_t
+    signatures: dict[str, tuple[Any, list[Any]]] = {
+        "bpf_object__open_mem": (pointer, [pointer, sized, pointer]),
+        "bpf_object__load": (ctypes.c_int, [pointer]),
+        "bpf_object__close": (None, [pointer]),
+        "bpf_object__find_map_by_name": (pointer, [pointer, ctypes.c_char_p]),
+        "bpf_object__find_program_by_name": (pointer, [pointer, ctypes.c_char_p]),
+        "bpf_object__next_map": (pointer, [pointer, pointer]),
+        "bpf_map__name": (ctypes.c_char_p, [pointer]),
+        "bpf_map__fd": (ctypes.c_int, [pointer]),
+        "bpf_map__set_max_entries": (ctypes.c_int, [pointer, ctypes.c_uint32]),
+        "bpf_map__max_entries": (ctypes.c_uint32, [pointer]),
+        "bpf_map__set_initial_value": (ctypes.c_int, [pointer, pointer, sized]),
+        "bpf_program__attach_perf_event": (pointer, [pointer, ctypes.c_int]),
+        "bpf_program__attach": (pointer, [pointer]),
+        "bpf_link__destroy": (ctypes.c_int, [pointer]),
+        "bpf_map_lookup_elem": (ctypes.c_int, [ctypes.c_int, pointer, pointer]),
+        "bpf_map_update_elem": (ctypes.c_int, [ctypes.c_int, pointer, pointer, ctypes.c_uint64]),
+        "bpf_map_get_next_key": (ctypes.c_int, [ctypes.c_int, pointer, pointer]),
+        "libbpf_set_print": (pointer, [pointer]),
+    }
+    for function, (restype, argtypes) in signatures.items():
+        symbol = getattr(lib, function)
+        symbol.restype, symbol.argtypes = restype, argtypes
+    lib.libbpf_set_print(None)  # its warnings would go to the user's terminal
+    return lib
+
+
+def version() -> str:
+    """libbpf's version, "" where it cannot be loaded."""
+    try:
+        lib = _library()
+    except CoreUnavailable:
+        return ""
+    try:
+        lib.libbpf_major_version.restype = ctypes.c_uint32
+        lib.libbpf_minor_version.restype = ctypes.c_uint32
+        return f"{lib.libbpf_major_version()}.{lib.libbpf_minor_version()}"
+    except AttributeError:
+        return "1.x"
+
+
+def readiness() -> str:
+    """'' when the CO-RE programs can load here, else why not."""
+    if not BTF_PATH.exists():
+        return f"the kernel has no BTF ({BTF_PATH} is missing): CO-RE needs CONFIG_DEBUG_INFO_BTF"
+    try:
+        _library()
+    except CoreUnavailable as exc:
+        return str(exc)
+    return ""
+
+
+def object_bytes(name: str) -> bytes:
+    return resources.files(__package__ + ".probes").joinpath("core").joinpath(name).read_bytes()
+
+
+@dataclass(frozen=True)
+class MapType:
+    key: Any  # a ctypes type
+    value: Any
+
+
+class Table:
+    """One map of a loaded object, read and written as bcc's tables are."""
+
+    def __init__(self, lib: ctypes.CDLL, fd: int, types: MapType, entries: int) -> None:
+        self._lib, self._fd, self.Key, self.Leaf, self._entries = (
+            lib,
+            fd,
+            types.key,
+            types.value,
+            entries,
+        )
+
+    def _key(self, key: Any) -> Any:
+        if isinstance(key, self.Key):
+            return key
+        return self.Key(getattr(key, "value", key))
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.Leaf()
+        if self._lib.bpf_map_lookup_elem(
+            self._fd, ctypes.byref(self._key(key)), ctypes.byref(value)
+        ):
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if not isinstance(value, self.Leaf):
+            value = self.Leaf(getattr(value, "value", value))
+        result = self._lib.bpf_map_update_elem(
+            self._fd, ctypes.byref(self._key(key)), ctypes.byref(value), BPF_ANY
+        )
+        if result:
+            raise OSError(ctypes.get_errno(), f"bpf map update: {os.strerror(-result)}")
+
+    def __len__(self) -> int:
+        return self._entries
+
+    def keys(self) -> Iterator[Any]:
+        previous, current = None, self.Key()
+        while not self._lib.bpf_map_get_next_key(
+            self._fd, None if previous is None else ctypes.byref(previous), ctypes.byref(current)
+        ):
+            yield current
+            previous, current = current, self.Key()
+
+    def items(self) -> list[tuple[Any, Any]]:
+        found = []
+        for key in list(self.keys()):
+            try:
+                found.append((key, self[key]))
+            except KeyError:
+                continue  # deleted between the two calls
+        return found
+
+    def items_lookup_batch(self) -> list[tuple[Any, Any]]:
+        return self.items()
+
+
+class CoreObject:
+    """One prebuilt object: opened, its constant and sizes set, loaded; its programs attached
+    and its maps read; close() detaches and frees everything."""
+
+    def __init__(
+        self,
+        name: str,
+        config: ctypes.Structure,
+        max_entries: dict[str, int],
+        types: dict[str, MapType],
+    ) -> None:
+        self._lib = _library()
+        self._data = ctypes.create_string_buffer(object_bytes(name))
+        self._object = self._lib.bpf_object__open_mem(self._data, len(self._data.raw), None)
+        if not self._object:
+            raise CoreUnavailable(f"libbpf could not open {name}: {_errno()}")
+        self._links: list[int] = []
+        self._types = types
+        try:
+            rodata = self._internal_map(".rodata")
+            if self._lib.bpf_map__set_initial_value(
+                rodata, ctypes.byref(config), ctypes.sizeof(config)
+            ):
+                raise CoreUnavailable(f"{name}: its constants do not fit its .rodata")
+            for map_name, entries in max_entries.items():
+                self._lib.bpf_map__set_max_entries(self._map(map_name), max(1, entries))
+            if self._lib.bpf_object__load(self._object):
+                raise CoreUnavailable(f"the kernel refused {name}: {_errno()}")
+        except Exception:
+            self.close()
+            raise
+
+    def _map(self, name: str) -> int:
+        found = self._lib.bpf_object__find_map_by_name(self._object, name.encode())
+        if not found:
+            raise CoreUnavailable(f"the object has no map {name}")
+        return int(found)
+
+    def _internal_map(self, suffix: str) -> int:
+        current = self._lib.bpf_object__next_map(self._object, None)
+        while current:
+            if (self._lib.bpf_map__name(current) or b"").decode().endswith(suffix):
+                return int(current)
+            current = self._lib.bpf_object__next_map(self._object, current)
+        raise CoreUnavailable(f"the object has no {suffix} map")
+
+    def _program(self, name: str) -> int:
+        found = self._lib.bpf_object__find_program_by_name(self._object, name.encode())
+        if not found:
+            raise CoreUnavailable(f"the object has no program {name}")
+        return int(found)
+
+    def __getitem__(self, name: str) -> Table:
+        handle = self._map(name)
+        return Table(
+            self._lib,
+            self._lib.bpf_map__fd(handle),
+            self._types[name],
+            int(self._lib.bpf_map__max_entries(handle)),
+        )
+
+    def attach(self, program: str) -> None:
+        """Attach where the program's section says (a BTF tracepoint: no tracefs needed)."""
+        link = self._lib.bpf_program__attach(self._program(program))
+        if not link:
+            raise CoreUnavailable(f"attaching {program}: {_errno()}")
+        self._links.append(int(link))
+
+    def attach_cpu_clock(self, program: str, frequency_hz: int) -> None:
+        """The program on a cpu-clock sampling event on every online CPU."""
+        machine = os.uname().machine
+        if machine not in SYS_PERF_EVENT_OPEN:
+            raise CoreUnavailable(f"perf_event_open's number on {machine} is not known")
+        libc = ctypes.CDLL(None, use_errno=True)
+        handle = self._program(program)
+        for cpu in sorted(_online_cpus() or os.sched_getaffinity(0)):
+            attr = _PerfEventAttr(
+                type=PERF_TYPE_SOFTWARE,
+                size=ctypes.sizeof(_PerfEventAttr),
+                config=PERF_COUNT_SW_CPU_CLOCK,
+                sample_freq=frequency_hz,
+                flags=ATTR_FREQ,
+            )
+            fd = libc.syscall(
+                SYS_PERF_EVENT_OPEN[machine], ctypes.byref(attr), -1, cpu, -1, PERF_FLAG_FD_CLOEXEC
+            )
+            if fd < 0:
+                raise CoreUnavailable(f"perf_event_open on CPU {cpu}: {_errno()}")
+            link = self._lib.bpf_program__attach_perf_event(handle, fd)
+            if not link:
+                reason = _errno()
+                os.close(fd)
+                raise CoreUnavailable(f"perf event on CPU {cpu}: {reason}")
+            self._links.append(int(link))  # the link owns the event: destroying it closes it
+
+    def detach(self) -> None:
+        while self._links:
+            self._lib.bpf_link__destroy(self._links.pop())
+
+    def close(self) -> None:
+        self.detach()
+        if self._object:
+            self._lib.bpf_object__close(self._object)
+            self._object = None
+
+
+def _online_cpus() -> set[int]:
+    try:
+        text = Path("/sys/devices/system/cpu/online").read_text().strip()
+    except OSError:
+        return set()
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def _errno() -> str:
+    number = ctypes.get_errno() or errno.EINVAL
+    return f"{os.strerror(number)} (errno {number})"

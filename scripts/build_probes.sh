@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build the CO-RE objects that ship in the wheel from their sources (profkit/capture/ebpf/probes/
+# core/*.bpf.c), as Go's bpf2go does: clang -target bpf with BTF, then bpftool's linker, which
+# keeps the BTF and CO-RE relocations and drops the DWARF. The objects are committed; with
+# --check the sources are built again and compared with them, so that the two never drift.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CORE=profkit/capture/ebpf/probes/core
+CLANG=${CLANG:-$(command -v clang-14 || command -v clang)}
+ARCH_INCLUDE=/usr/include/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+check=0
+[ "${1:-}" = "--check" ] && check=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+status=0
+for source in "$CORE"/*.bpf.c; do
+  name=$(basename "$source" .c)
+  # Built from inside the directory: the object's line info names the file, not a path.
+  (cd "$CORE" && "$CLANG" -g -O2 -target bpf -D__TARGET_ARCH_x86 -I"$ARCH_INCLUDE" \
+      -c "$name.c" -o "$work/$name.raw.o")
+  bpftool gen object "$work/$name.o" "$work/$name.raw.o"
+  if [ "$check" = 1 ]; then
+    if ! cmp -s "$work/$name.o" "$CORE/$name.o"; then
+      echo "build_probes: $CORE/$name.o differs from its source; run scripts/build_probes.sh and commit it" >&2
+      status=1
+    fi
+  else
+    cp "$work/$name.o" "$CORE/$name.o"
+    echo "build_probes: $CORE/$name.o"
+  fi
+done
+exit $status

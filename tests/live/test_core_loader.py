@@ -1,0 +1,74 @@
+"""The prebuilt CO-RE sampler where bcc cannot run: a mount namespace hides the kernel headers,
+bcc's Python package and perf, as on a GPU or Kubernetes node, and profkit still samples every
+thread and places the pool's CPU by its workers' dispatcher stacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..support import ROOT
+from .conftest import StartRecipe
+from .test_dispatched_samples import assert_sites_by_samples
+from .test_pystacks_live import report_of
+
+pytestmark = pytest.mark.root
+
+HIDDEN_DIRS = (
+    Path("/lib/modules") / os.uname().release,  # the headers link bcc compiles against
+    Path("/usr/lib/python3/dist-packages/bcc"),
+)
+HIDDEN_FILES = (Path("/usr/bin/perf"),)
+
+
+def without_bcc(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """profkit in a private mount namespace where the headers, bcc and perf are empty."""
+    empty_dir, empty_file = tmp_path / "empty", tmp_path / "empty-file"
+    empty_dir.mkdir()
+    empty_file.write_text("")
+    mounts = [f"mount --bind {empty_dir} {d}" for d in HIDDEN_DIRS if d.exists()]
+    mounts += [f"mount --bind {empty_file} {f}" for f in HIDDEN_FILES if f.exists()]
+    script = " && ".join([*mounts, 'exec "$@"'])
+    profkit = [sys.executable, "-m", "profkit", *args]
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *profkit],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+
+
+def test_doctor_names_core_ready_where_bcc_cannot_compile(tmp_path: Path) -> None:
+    doctor = without_bcc(tmp_path, "doctor", "--json")
+    rows = {row["name"]: row for row in json.loads(doctor.stdout)["checks"]}
+    assert rows["bcc"]["status"] != "ok" and rows["perf"]["status"] != "ok", rows
+    assert rows["kernel headers"]["status"] != "ok", rows["kernel headers"]
+    assert rows["CO-RE (libbpf)"]["status"] == "ok", rows["CO-RE (libbpf)"]
+
+
+def test_three_sites_on_core_without_headers_bcc_or_perf(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
+    recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", "--mb", "1", warmup=1.0)
+    out = tmp_path / "b"
+    captured = without_bcc(
+        tmp_path,
+        *("attach", "--pid", str(recipe.pid), "--duration", "6", "--perf-rate", "999"),
+        *("--no-report", "-o", str(out)),
+    )
+    assert captured.returncode == 0, captured.stderr
+    ebpf = json.loads((out / "ebpf.json").read_text())
+    assert ebpf["loader"]["name"] == "core" and ebpf["loader"]["libbpf"], ebpf["loader"]
+    assert ebpf["python"]["walker"] == "on" and ebpf["python"]["counts"]["walked"] > 0
+    assert (out / "native.json").exists(), "native stacks named without bcc's symbol cache"
+    report = report_of(out)
+    assert_sites_by_samples(report)
+    pool = next(p for p in report["pools"] if p["runtime"] == "openmp")
+    # The workers' native stacks, named from the ELF symbol tables: the copy kernel shows.
+    assert any("copy_kernel" in work["symbol"] for work in pool["top_work"]), pool

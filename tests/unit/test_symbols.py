@@ -1,0 +1,59 @@
+"""Naming native addresses without bcc: this process's own functions, by the ELF symbol tables
+of the files it maps, against the addresses the dynamic loader gives for them."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import pytest
+
+from profkit.host.symbols import UNKNOWN, ProcessSymbols, read_file_symbols
+
+
+def address_of(library: ctypes.CDLL, name: str) -> int:
+    value = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+    assert value is not None
+    return value
+
+
+def test_functions_of_a_mapped_library_are_named() -> None:
+    libc = ctypes.CDLL(None)
+    symbols = ProcessSymbols(os.getpid())
+    for name in ("getpid", "malloc", "qsort"):
+        address = address_of(libc, name)
+        symbol, dso = symbols.frame(address, kernel=False)
+        # glibc exports some functions under an alias of the same address (__libc_malloc).
+        assert name in symbol, (name, symbol)
+        assert "libc" in Path(dso).name, dso
+        # An address inside the function names it too.
+        assert symbols.frame(address + 2, kernel=False)[0] == symbol
+
+
+def test_an_address_outside_every_mapping_is_unknown() -> None:
+    assert ProcessSymbols(os.getpid()).frame(8, kernel=False) == (UNKNOWN, UNKNOWN)
+
+
+def test_what_is_not_an_elf_file_gives_no_symbols(tmp_path: Path) -> None:
+    text = tmp_path / "not-elf"
+    text.write_text("hello")
+    assert read_file_symbols(str(text)) is None
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert read_file_symbols(str(fifo)) is None  # refused before any read: no hang
+    truncated = tmp_path / "truncated.so"
+    truncated.write_bytes(Path("/proc/self/exe").read_bytes()[:100])
+    assert read_file_symbols(str(truncated)) is None
+
+
+def test_kernel_addresses_are_named_from_kallsyms() -> None:
+    lines = Path("/proc/kallsyms").read_text().splitlines()
+    found = next((line.split() for line in lines if line.split()[2] == "schedule"), None)
+    if found is None or int(found[0], 16) == 0:
+        pytest.skip("kallsyms hides its addresses here (kptr_restrict)")
+    address = int(found[0], 16)
+    assert ProcessSymbols(os.getpid()).frame(address + 1, kernel=True) == (
+        "schedule",
+        "[kernel.kallsyms]",
+    )
