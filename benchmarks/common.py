@@ -235,7 +235,7 @@ def load_region_program(
 ) -> BpfProgram:
     """The region program, with the walker reading the threads of pid (this process unless
     told); with native_stacks, its on-CPU sampler takes every thread's native stacks too."""
-    from profkit.capture.ebpf.collector import OpenMPProgram
+    from profkit.capture.ebpf.programs import OpenMPProgram
     from profkit.capture.ebpf.pywalk import compile_flags
     from profkit.host.pyruntime import detect, thread_states
     from profkit.host.target import Runtime

@@ -35,9 +35,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads its Op
 
 import torch
 
-from profkit.capture.ebpf.collector import OpenMPProgram, SchedProgram
 from profkit.capture.ebpf.loader import BpfProgram, load_bcc
 from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
+from profkit.capture.ebpf.programs import OpenMPProgram, SchedProgram
 from profkit.capture.ebpf.pywalk import compile_flags
 from profkit.host.pyruntime import detect, thread_states
 from profkit.host.target import Runtime

@@ -15,9 +15,10 @@ trap 'rm -rf "$work"' EXIT
 status=0
 for source in "$CORE"/*.bpf.c; do
   name=$(basename "$source" .c)
-  # Built from inside the directory: the object's line info names the file, not a path.
+  # The object's BTF line info names the source file; the checkout's own path is mapped away
+  # so that every clone builds the same bytes.
   (cd "$CORE" && "$CLANG" -g -O2 -target bpf -D__TARGET_ARCH_x86 -I"$ARCH_INCLUDE" \
-      -c "$name.c" -o "$work/$name.raw.o")
+      -fdebug-prefix-map="$PWD"=. -c "$name.c" -o "$work/$name.raw.o")
   bpftool gen object "$work/$name.o" "$work/$name.raw.o"
   if [ "$check" = 1 ]; then
     if ! cmp -s "$work/$name.o" "$CORE/$name.o"; then

@@ -188,7 +188,7 @@ def probed_share(sched: EbpfData, window: tuple[int, int]) -> float:
     return min(1.0, inside / (window[1] - window[0]))
 
 
-def _resolve_op(
+def resolve_op(
     ops: Counter[str | None], kernels: list[str], code: str | None
 ) -> tuple[str | None, str]:
     named = [(op, n) for op, n in ops.most_common() if op]
@@ -301,7 +301,7 @@ def attribute(
     sites = []
     for site, share in sorted(shares.items(), key=lambda item: -item[1]):
         code = spans.sources.get(f"{site.file}:{site.line}")
-        op, op_source = _resolve_op(ops_by_site.get(site, Counter()), worker_kernels, code)
+        op, op_source = resolve_op(ops_by_site.get(site, Counter()), worker_kernels, code)
         sites.append(
             SiteShare(
                 site,
@@ -428,7 +428,7 @@ def by_stack(
         share = weight / shares_total
         stack = sched.python_stacks[stack_regions[site].most_common(1)[0][0]].frames
         code = stack[-1].code
-        op, op_source = _resolve_op(Counter(), worker_kernels, code)
+        op, op_source = resolve_op(Counter(), worker_kernels, code)
         sites.append(
             SiteShare(site, op, op_source, share, share * pool_cores, regions[site], 0, code, stack)
         )
@@ -592,7 +592,7 @@ def by_samples(
         # read: the pool's kernels mix every site's, and a small copy inside a matrix product
         # must not name the op.
         own = [kernels[site].most_common(1)[0][0]] if site in kernels else None
-        op, op_source = _resolve_op(Counter(), worker_kernels if own is None else own, code)
+        op, op_source = resolve_op(Counter(), worker_kernels if own is None else own, code)
         sites.append(
             SiteShare(
                 site,

@@ -47,12 +47,12 @@ class RegionProbe:
 
     @property
     def bpf(self) -> object | None:
-        return None if self._collector is None else self._collector._openmp_bpf
+        return None if self._collector is None else self._collector.program
 
     @property
     def walker_on(self) -> bool:
         c = self._collector
-        return bool(c and c.walker and c.walker.layout is not None and c.walker._bpf is not None)
+        return bool(c and c.walker and c.walker.running)
 
     def start(self) -> None:
         runtime = self.target.openmp_runtime

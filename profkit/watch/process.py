@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..analysis.attribution import _resolve_op
+from ..analysis.attribution import resolve_op
 from ..errors import ProfkitError
 from ..host import procfs
 from ..host.target import Target, inspect, pool_threads
@@ -335,5 +335,5 @@ class WatchedProcess:
 
 def site_key(frames: tuple[Frame, ...]) -> SiteKey:
     inner = frames[-1]
-    op, _ = _resolve_op(Counter(), [], inner.code)
+    op, _ = resolve_op(Counter(), [], inner.code)
     return SiteKey(f"{inner.file}:{inner.line}", inner.function, op or "")

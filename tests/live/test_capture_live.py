@@ -252,11 +252,14 @@ def test_pyspy_is_on_the_bundle_clock(fanout_capture: Captured) -> None:
 
 def test_capture_without_bcc_says_why(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "4")
-    result = attach(recipe.pid, tmp_path / "b", env={"PROFKIT_DISABLE_BCC": "1"}, duration=2)
+    # Neither loader: bcc turned off, and a libbpf that is not there.
+    env = {"PROFKIT_DISABLE_BCC": "1", "PROFKIT_LIBBPF": str(tmp_path / "libbpf.so.1")}
+    result = attach(recipe.pid, tmp_path / "b", env=env, duration=2)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "b/manifest.json").read_text())
     ebpf = manifest["collectors"]["ebpf"]
     assert ebpf["status"] == "unavailable" and "PROFKIT_DISABLE_BCC" in ebpf["reason"]
+    assert "CO-RE cannot load" in ebpf["reason"] and "libbpf" in ebpf["reason"], ebpf
     for name in ("proc", "cgroup", "perf_record", "pyspy"):
         assert manifest["collectors"][name]["status"] == "ok", name
     assert manifest["collectors"]["perf_stat"]["status"] == "skipped"

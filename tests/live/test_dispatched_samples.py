@@ -19,10 +19,17 @@ from .test_pystacks_live import SITES, assert_ratio, line_of, report_of
 
 pytestmark = pytest.mark.root
 
-# 95% of the binomial spread of a share of 1/2 is within 0.03 from this many samples on: the
-# captures below are sized to take more (the sampler's rate times the pool's CPU times the
-# window), and check that they did.
+# The binomial 95% half-width of a share of 1/2 is 0.03 from this many samples on: the captures
+# below are sized to take more (the sampler's rate times the pool's CPU times the window), and
+# check that they did.
 SAMPLES_FOR_3_POINTS = math.ceil((1.96 * 0.5 / 0.03) ** 2)
+# Each share is checked against 1.5 times its reported 95% interval, about three standard
+# errors: a 95% interval misses the truth in 1 of 20 sites by design, and three sites a test
+# would fail one run in seven; this bound fails about one site in 300.
+WITHIN_INTERVALS = 1.5
+# With the samples above, the report's interval must be this narrow at most: the test then
+# says the shares are known to a few points, not only that a wide interval holds them.
+WIDEST_INTERVAL = 0.05
 
 
 def openmp_rows(report: dict) -> dict[str, dict]:
@@ -30,8 +37,8 @@ def openmp_rows(report: dict) -> dict[str, dict]:
 
 
 def assert_sites_by_samples(report: dict) -> dict:
-    """Every site placed by samples, each share within 0.03 of 1:2:3 and inside its interval;
-    returns the pool's attribution note."""
+    """Every site placed by samples, each share near 1:2:3 by its own interval and that
+    interval narrow; returns the pool's attribution note."""
     rows = openmp_rows(report)
     assert set(SITES) <= set(rows), report["attribution"]
     assert {r["method"] for r in rows.values()} == {"sampled"}, rows
@@ -40,9 +47,8 @@ def assert_sites_by_samples(report: dict) -> dict:
     assert samples >= SAMPLES_FOR_3_POINTS, (samples, note)
     for site, weight in SITES.items():
         row = rows[site]
-        assert row["share"] == pytest.approx(weight / 6, abs=0.03), rows
-        # The interval the report prints holds the true share.
-        assert abs(row["share"] - weight / 6) <= row["uncertainty"], (row, note)
+        assert row["uncertainty"] <= WIDEST_INTERVAL, (row, note)
+        assert abs(row["share"] - weight / 6) <= WITHIN_INTERVALS * row["uncertainty"], rows
         assert row["site"].endswith(f"recipes/sites.py:{line_of('# ' + site.replace('_', ' '))}")
     return note
 
@@ -106,7 +112,11 @@ def test_sites_at_5000_regions_a_second(start_recipe: StartRecipe, tmp_path: Pat
     shares = {s.site.function: s.share for s in sampled.sites}
     assert sum(s.samples for s in sampled.sites) >= SAMPLES_FOR_3_POINTS, sampled
     for site in SITES:
-        assert abs(shares[site] - truth[site]) <= sampled.uncertainty, (shares, truth, sampled)
+        assert abs(shares[site] - truth[site]) <= WITHIN_INTERVALS * sampled.uncertainty, (
+            shares,
+            truth,
+            sampled,
+        )
 
     out = tmp_path / "b"
     captured = attach(recipe.pid, out, "--perf-rate", "999", duration=8.0)

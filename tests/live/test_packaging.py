@@ -33,7 +33,7 @@ def test_wheel_contains_probes(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     probes = sorted(p.name for p in (ROOT / "profkit/capture/ebpf/probes").glob("*.bpf.c"))
     assert probes, "the project has eBPF programs to ship"
-    for probe in probes:
+    for probe in [*probes, "pywalk.h"]:  # the frame walk both loaders' programs include
         assert f"profkit/capture/ebpf/probes/{probe}" in names
     assert "profkit/cli.py" in names and "profkit/commands/doctor.py" in names
     assert "profkit/render/flame.js" in names  # the flame graph's script

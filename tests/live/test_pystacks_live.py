@@ -242,9 +242,13 @@ def test_unknown_interpreter_falls_back_with_the_reason(
     assert ebpf["regions"]["tid"] and set(ebpf["regions"]["stack"]) == {-1}
 
 
-def test_without_bcc_the_site_comes_from_pyspy(start_recipe: StartRecipe, tmp_path: Path) -> None:
+def test_without_bcc_or_libbpf_the_site_comes_from_pyspy(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
-    captured = attach(recipe.pid, tmp_path / "b", env={"PROFKIT_DISABLE_BCC": "1"}, duration=3.0)
+    # Neither loader: bcc turned off, and a libbpf that is not there.
+    env = {"PROFKIT_DISABLE_BCC": "1", "PROFKIT_LIBBPF": str(tmp_path / "libbpf.so.1")}
+    captured = attach(recipe.pid, tmp_path / "b", env=env, duration=3.0)
     assert captured.returncode == 0, captured.stderr
     report = report_of(tmp_path / "b")
     notes = [n for n in report["attribution_notes"] if n["pool"] == "openmp"]

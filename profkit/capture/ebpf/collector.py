@@ -1,8 +1,10 @@
-"""eBPF (bcc): scheduler slices, wakeups and OpenMP parallel regions of the target.
+"""The eBPF collector: scheduler slices, wakeups, OpenMP parallel regions and on-CPU samples
+of the target, with their Python stacks.
 
-The programs live in probes/*.bpf.c beside this module and ship inside the wheel. Each is wrapped
-in a small class that renders its source for one target, so templating is tested without root.
-Probes are attached with pid=TARGET only, and detached by BPF.cleanup() on every exit path.
+bcc compiles the programs (programs.py renders them for one target) where it loads; elsewhere
+the prebuilt CO-RE sampler loads through libbpf (core_sampler.py). Probes are attached for the
+target only, and detached on every exit path (cleanup()). The region probes' rate decides
+whether they stay on (region_policy.py); the logs are read after the window (logs.py).
 """
 
 from __future__ import annotations
@@ -11,12 +13,9 @@ import bisect
 import contextlib
 import ctypes
 import json
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from importlib import resources
 from types import ModuleType
 from typing import Any
 
@@ -24,18 +23,21 @@ from ...bundle.parts import EBPF, NATIVE, CollectorResult
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.symbols import ProcessSymbols
-from ...host.target import Runtime, Target
-from ..budget import REGION_PROBE_SHARE, SCHED_TRACE_SHARE, sched_trace_share
-from ..clock import Clock
+from ...host.target import Target
+from ..budget import REGION_PROBE_SHARE
 from ..collectors.base import Availability, CaptureContext
 from . import libbpf
 from .core_sampler import load_sampler
-from .duty import MIN_DUTY, RECOUNT_S, DutyCycle
+from .duty import RECOUNT_S, DutyCycle
 from .libbpf import CoreObject
 from .loader import BccUnavailable, BpfProgram, detach_uprobes, load_bcc
+from .logs import entry_count, read_log, sampled_count
 from .native import NATIVE_STACK_ENTRIES, native_tables, read_stacks
+from .programs import PYTHON_SAMPLE_HZ, OpenMPProgram, SchedProgram
 from .pywalk import PythonWalker
-from .regions import RuntimeProbes, find_probes, handler_source, probeable
+from .region_policy import RegionCount, decide_regions, needs_recount
+from .regions import RuntimeProbes, find_probes, probeable
+from .scheduler import SwitchRate, decide_sched
 
 # What the Python stack walker adds to a region's entry trap at its full 32 frames, measured
 # with benchmarks/probe_cost.py (docs/results/walker-cost.md).
@@ -48,116 +50,6 @@ WALKER_HIT_S = 1.4e-6
 # the latter: a loop whose trap path stays warm is then probed for less of the time than it
 # could be, never more.
 IN_PLACE = 5.0
-# A first count this close to the probes' part is repeated (for duty.py's RECOUNT_S) before it
-# keeps them on: it ran while the other tools started, and counting short there left the probes
-# on all the time in some captures of a front that the others switched
-# (docs/results/ebpf-cost.md#the-rate-checks-first-count).
-RECOUNT_ABOVE = 0.5
-# The walker's on-CPU sampling rate, per CPU: a prime off the timer ticks (as perf's 49 and 99),
-# and cheap since every other process's sample returns at the first test.
-PYTHON_SAMPLE_HZ = 49
-
-
-def probe_source(name: str) -> str:
-    return resources.files(__package__ + ".probes").joinpath(name).read_text()
-
-
-@dataclass(frozen=True)
-class SchedProgram:
-    tgid: int
-    slice_capacity: int = 1 << 19  # about 12 MiB of kernel memory; 1 turns the log off
-
-    def source(self) -> str:
-        text = probe_source("sched.bpf.c")
-        return text.replace("TARGET_TGID", str(self.tgid)).replace(
-            "SLICE_CAPACITY", str(max(1, self.slice_capacity))
-        )
-
-
-@dataclass(frozen=True)
-class OpenMPProgram:
-    """The target's process program: the Python stack walker and its on-CPU sampler
-    (probes/pystack.bpf.c, active when compiled with the walker's flags) and the region probes
-    of every pool runtime copy it maps (probes/openmp.bpf.c, one entry handler per copy),
-    compiled as one."""
-
-    runtimes: tuple[Runtime, ...] = ()
-    tgid: int = 0
-    region_capacity: int = 1 << 18  # 10 MiB of kernel memory: 2.5 min at 1 700 regions/s
-    sample_capacity: int = 1 << 17  # 4 MiB: 22 min of two CPUs sampled at PYTHON_SAMPLE_HZ
-    # Distinct native stacks the sampler keeps (0: no native stacks; perf record samples them).
-    native_stacks: int = 0
-    # The scheduler tracepoints (probes/sched.bpf.c) in the same program, when traced: with the
-    # walker they read each Python thread's stack as it leaves the CPU.
-    sched: SchedProgram | None = None
-    # The sampler learns each worker's dispatcher from who wakes it (sched_waking, on every
-    # wakeup of the machine): only where the scheduler's tracepoints fit the budget.
-    dispatch_wakeups: bool = False
-
-    def source(self) -> str:
-        native = f"#define NATIVE_STACKS {self.native_stacks}\n" if self.native_stacks else ""
-        if self.dispatch_wakeups:
-            native += "#define DISPATCH_WAKEUPS\n"
-        walker = native + (
-            probe_source("pystack.bpf.c")
-            .replace("TARGET_TGID", str(self.tgid))
-            .replace("SAMPLE_CAPACITY", str(self.sample_capacity))
-        )
-        regions = probe_source("openmp.bpf.c").replace("REGION_CAPACITY", str(self.region_capacity))
-        sched = self.sched.source() if self.sched is not None else ""
-        return walker + regions + handler_source(list(self.runtimes)) + sched
-
-
-def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) -> dict[str, object]:
-    """Whether to trace the scheduler: its tracepoints run on every context switch of the
-    machine, so on a busy one they cost more than their share of the budget
-    (docs/collectors.md)."""
-    setting = context.options.ebpf_sched
-    if setting != "auto":
-        return {
-            "traced": setting == "on",
-            "setting": setting,
-            "reason": "" if setting == "on" else "scheduler tracepoints off (--ebpf-sched off)",
-        }
-    budget = SCHED_TRACE_SHARE * context.options.budget.overhead_share
-    rate = (switches or SwitchRate(context.clock)).rate()
-    share = sched_trace_share(rate, os.cpu_count() or 1)
-    decision: dict[str, object] = {
-        "traced": share <= budget,
-        "setting": "auto",
-        "switches_per_s": round(rate),
-        "expected_share": share,
-    }
-    decision["reason"] = (
-        ""
-        if share <= budget
-        else (
-            f"scheduler tracepoints skipped: the machine switches {rate:,.0f} times a second on "
-            f"{os.cpu_count()} CPUs, which would cost the target ~{100 * share:.1f}%, over "
-            f"their {100 * budget:.2g}% share of the budget (--ebpf-sched on to trace anyway)"
-        )
-    )
-    return decision
-
-
-class SwitchRate:
-    """Context switches per second on the whole machine, from /proc/stat's ctxt, counted from
-    construction: the start-up work in between is measured over rather than slept through."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.before, self.start = procfs.read_context_switches(), clock()
-
-    def rate(self, at_least_s: float = 0.25) -> float:
-        remaining = at_least_s - (self.clock() - self.start) / 1e9
-        if remaining > 0:
-            time.sleep(remaining)
-        after, end = procfs.read_context_switches(), self.clock()
-        return (after - self.before) / max(1e-9, (end - self.start) / 1e9)
-
-
-def machine_switch_rate(clock: Clock, seconds: float = 0.25) -> float:
-    return SwitchRate(clock).rate(seconds)
 
 
 class EbpfCollector:
@@ -353,6 +245,12 @@ class EbpfCollector:
         )
         self._load(program, flags, sample=False)
 
+    @property
+    def program(self) -> BpfProgram | None:
+        """The target's loaded process program (bcc's or the CO-RE object), for a reader of
+        its counters (profkit watch); None before load and after cleanup."""
+        return self._openmp_bpf if self._openmp_bpf is not None else self._core
+
     def _prepare_walker(self, target: Target, wanted: bool) -> list[str]:
         self.walker = PythonWalker(target.pid)
         flags = self.walker.prepare() if wanted else []
@@ -491,7 +389,7 @@ class EbpfCollector:
             return
         walk_s = WALKER_HIT_S if self.walker is not None and self.walker.layout else 0.0
 
-        def counted(since: int, before: dict[int, int], seconds: float) -> tuple[float, float]:
+        def counted(since: int, before: dict[int, int], seconds: float) -> RegionCount:
             """Regions a second and their expected share of the dispatching threads."""
             remaining = seconds - (context.clock() - since) / 1e9
             if remaining > 0:
@@ -501,70 +399,47 @@ class EbpfCollector:
                 i: (n - before.get(i, 0)) / elapsed_s for i, n in self._entries_by_copy().items()
             }
             share = IN_PLACE * sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
-            return sum(rates.values()), share
+            return RegionCount(sum(rates.values()), share)
 
-        rate, share = counted(start, before, seconds)
+        first = counted(start, before, seconds)
         pyspy = "pyspy" in context.collectors
         budget = REGION_PROBE_SHARE * context.options.budget.overhead_share
         walker = self.walker is not None and self.walker.layout is not None
-        recounted = None
-        if walker and not pyspy and RECOUNT_ABOVE * budget < share <= budget:
-            # The check ran while the other tools started, and can count fewer regions than
-            # the window sees: near the part, count again, and judge by the higher rate.
-            again = counted(context.clock(), self._entries_by_copy(), RECOUNT_S)
-            recounted = again[0]
-            if again[1] > share:
-                rate, share = again
-        per_region_s = (
-            share / rate if rate else IN_PLACE * (max(self._hit_s.values(), default=0.0) + walk_s)
+        # The check ran while the other tools started, and can count fewer regions than the
+        # window sees: near the part, it counts again, and judges by the higher rate.
+        again = (
+            counted(context.clock(), self._entries_by_copy(), RECOUNT_S)
+            if needs_recount(first, budget, walker, pyspy)
+            else None
         )
-        self.region_decision = {
-            "traced": share <= budget,
-            "regions_per_s": round(rate),
-            "cost_per_region_us": round(per_region_s * 1e6, 1),
-            "expected_share": share,
-        }
-        if recounted is not None:
-            self.region_decision["regions_per_s_recounted"] = round(recounted)
-        if share <= budget:
+        decision = decide_regions(
+            first,
+            again,
+            budget,
+            IN_PLACE * (max(self._hit_s.values(), default=0.0) + walk_s),
+            walker=walker,
+            pyspy=pyspy,
+            sampling=self._sampling,
+        )
+        self.region_decision = decision.as_record()
+        if decision.action == "keep":
             return
-        cost = (
-            f"the target started {rate:,.0f} regions a second, ~{100 * share:.1f}% of its "
-            f"dispatching thread at {1e6 * per_region_s:.1f} us per region, over their "
-            f"{100 * budget:.2g}% share of the budget"
-        )
-        duty = budget / share
-        if walker and not pyspy and duty >= MIN_DUTY:
-            # The walker's stacks are what place the pool here: a sample of the regions in
-            # time keeps them, at the budget's cost (duty.py).
-            self._cycle = DutyCycle(
-                duty,
-                context.clock,
-                self._attach_probes,
-                self._detach_probes,
-                window_s=context.duration_s,
-                entries=lambda: sum(self._entries_by_copy().values()),
-                cost_s=per_region_s,
-                budget=budget,
-            )
-            self.region_decision.update(traced=True, duty=round(duty, 3))
-            reason = (
-                f"OpenMP region probes switched on {100 * duty:.0f}% of the time: {cost}; the "
-                "pool's call sites come from the regions of those times"
-            )
-            self.region_decision["reason"] = reason
-            self.warnings.append(reason)
-            self._cycle.start(recounted)
-            self.region_decision["regions_per_s_recounted"] = round(self._cycle.recounted_per_s)
+        if decision.action == "detach":
+            self._detach_regions(decision.reason)
             return
-        reason = f"OpenMP region probes detached: {cost}; " + (
-            "the pool's call sites come from its workers' samples, no region is counted"
-            if self._sampling
-            else "attribution falls back to py-spy's native stacks"
-            if pyspy
-            else "attribution has no call site for the pool (py-spy's native stacks would give one)"
+        self.warnings.append(decision.reason)
+        self._cycle = DutyCycle(
+            decision.duty,
+            context.clock,
+            self._attach_probes,
+            self._detach_probes,
+            window_s=context.duration_s,
+            entries=lambda: sum(self._entries_by_copy().values()),
+            cost_s=decision.cost_per_region_s,
+            budget=budget,
         )
-        self._detach_regions(reason)
+        self._cycle.start(decision.recounted_per_s)
+        self.region_decision["regions_per_s_recounted"] = round(self._cycle.recounted_per_s)
 
     def _detach_regions(self, reason: str) -> None:
         self.region_decision["reason"] = reason
@@ -751,7 +626,7 @@ class EbpfCollector:
             self.name,
             "ok",
             "; ".join(self.warnings),
-            samples=len(self.slices["tid"]) + len(self.regions["tid"]) + _sampled(python),
+            samples=len(self.slices["tid"]) + len(self.regions["tid"]) + sampled_count(python),
             lost=sum(self.lost.values()),
             start_ns=self._start_ns,
             end_ns=end_ns,
@@ -770,7 +645,7 @@ class EbpfCollector:
     def _check_ends(self, bpf: BpfProgram, warn: bool = True) -> tuple[int, int]:
         """Regions entered and ended so far; warns when ends went unseen (not after the probes
         were detached: regions in flight then lose their ends, and the log is not read)."""
-        entries = _entries(bpf)
+        entries = entry_count(bpf)
         ended = int(bpf["region_count"][ctypes.c_int(0)].value)
         still_open = len(bpf["open_regions"])
         missed = entries - ended - still_open
@@ -789,7 +664,7 @@ class EbpfCollector:
         on = sorted(self._on_ns)
         opens = [a for a, _ in on]
         early = late = 0
-        for _, v in _read_log(bpf, "region_log", count, self.lost, "regions"):
+        for _, v in read_log(bpf, "region_log", count, self.lost, "regions"):
             if on:
                 at = bisect.bisect_right(opens, v.start_ns) - 1
                 if at < 0:
@@ -823,7 +698,7 @@ class EbpfCollector:
             "stack": [],
         }
         lost = {"samples": 0}
-        rows = _read_log(bpf, "sample_log", count, lost, "samples")
+        rows = read_log(bpf, "sample_log", count, lost, "samples")
         for _, v in rows:
             if v.python:
                 columns["t_ns"].append(int(v.t_ns))
@@ -859,7 +734,7 @@ class EbpfCollector:
     def _read_slices(self, sched: BpfProgram) -> None:
         """Copy the in-kernel slice log out in one batch, after the window."""
         count = sched["slice_count"][ctypes.c_int(0)].value
-        for _, v in _read_log(sched, "slice_log", count, self.lost, "slices"):
+        for _, v in read_log(sched, "slice_log", count, self.lost, "slices"):
             self.slices["start_ns"].append(v.start_ns)
             self.slices["end_ns"].append(v.end_ns)
             self.slices["tid"].append(v.tid)
@@ -881,38 +756,3 @@ class EbpfCollector:
                 detach_uprobes(bpf)
             with contextlib.suppress(Exception):
                 bpf.cleanup()
-
-
-def _sampled(python: dict[str, object]) -> int:
-    """The sampler's on-CPU samples, of Python threads and of the others."""
-    count = 0
-    for part in ("samples", "dispatched"):
-        table = python.get(part)
-        if isinstance(table, dict):
-            count += len(table.get("t_ns") or ())
-    return count
-
-
-def _entries(bpf: BpfProgram) -> int:
-    return int(bpf["entry_count"][ctypes.c_int(0)].value)
-
-
-def _read_log(
-    bpf: BpfProgram, log_name: str, count: int, lost: dict[str, int], which: str
-) -> list[tuple[int, Any]]:
-    """The first `count` entries of an in-kernel array log, in the order they were written."""
-    log = bpf[log_name]
-    capacity = len(log)
-    used = min(count, capacity)
-    lost[which] += max(0, count - capacity)
-    if used <= 0 or capacity <= 1:
-        return []
-    # A batch lookup copies the whole array, used or not: for a log mostly empty, one lookup
-    # per used entry is cheaper.
-    if used < capacity // 8:
-        return [(i, log[ctypes.c_int(i)]) for i in range(used)]
-    try:
-        entries = [(k.value, v) for k, v in log.items_lookup_batch()]
-    except Exception:  # kernels without batch lookups: one lookup per entry
-        entries = [(i, log[ctypes.c_int(i)]) for i in range(used)]
-    return sorted(((index, v) for index, v in entries if index < used), key=lambda e: e[0])

@@ -83,6 +83,11 @@ class PythonWalker:
         self.layout = layout
         return compile_flags(layout)
 
+    @property
+    def running(self) -> bool:
+        """The walker's layout is known and its program is attached."""
+        return self.layout is not None and self._bpf is not None
+
     def attach(self, bpf: BpfProgram) -> None:
         """Seed the thread map, then keep it current while the window is open."""
         self._bpf = bpf

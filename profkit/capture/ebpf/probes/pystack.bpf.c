@@ -6,18 +6,7 @@
 #include <uapi/linux/ptrace.h>
 
 #ifdef PYSTACK
-#define PY_MAX_FRAMES 32
-// Shim frames (the C stack re-entering the interpreter) are recorded with this bit set in their
-// instruction index and dropped in user space: skipping them here made the loop too branchy for
-// the verifier.
-#define PY_SHIM_FRAME 0x80000000U
-
-struct pystack {
-    u64 code[PY_MAX_FRAMES];   // code object addresses, innermost first
-    u32 instr[PY_MAX_FRAMES];  // instruction index in each code object
-    u32 depth;
-    u32 truncated;
-};
+#include "pywalk.h"
 
 struct pystack_stats {
     u64 regions;
@@ -48,7 +37,7 @@ static inline void count_walk(u32 which) {
         __sync_fetch_and_add(n, 1);
 }
 
-// The stack's id: FNV-1a over its frames; 0 means "no stack". The thread state may be another
+// The stack's id (pywalk.h), stored once; 0 means "no stack". The thread state may be another
 // thread's of the same process (a pool worker's sample reads its dispatcher's stack): the
 // frames are read from the process's memory, which every thread of it shares.
 static inline u64 walk_tstate(u64 *tstate) {
@@ -56,60 +45,17 @@ static inline u64 walk_tstate(u64 *tstate) {
     struct pystack *s = pystack_scratch.lookup(&zero);
     if (!s)
         return 0;
-    u64 frame = 0;
-#if PY_FRAME_KIND == 2
-    u64 cframe = 0;
-    if (bpf_probe_read_user(&cframe, sizeof(cframe), (void *)(*tstate + PY_TSTATE_FRAME)) ||
-        !cframe || bpf_probe_read_user(&frame, sizeof(frame), (void *)(cframe + PY_CFRAME_CURRENT))) {
+    struct pywalk walked = py_walk(*tstate, s);
+    if (walked.failed)
         count_walk(2);
-        return 0;
-    }
-#else
-    if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(*tstate + PY_TSTATE_FRAME))) {
-        count_walk(2);
-        return 0;
-    }
-#endif
-    u8 buf[PY_FRAME_SPAN];
-    u32 depth = 0;
-    u64 hash = 14695981039346656037ULL;
-    for (int i = 0; i < PY_MAX_FRAMES; i++) {
-        if (!frame)
-            break;
-        // One read per frame: every field used lies within its first PY_FRAME_SPAN bytes.
-        if (bpf_probe_read_user(buf, sizeof(buf), (void *)frame)) {
-            count_walk(2);
-            break;
-        }
-        u64 code = *(u64 *)(buf + PY_FRAME_CODE);
-#if PY_FRAME_KIND == 1
-        u32 instr = *(int *)(buf + PY_FRAME_INSTR);
-#else
-        u64 ip = *(u64 *)(buf + PY_FRAME_INSTR);
-        u32 instr = (u32)((ip - code - PY_CODE_ADAPTIVE) / 2) & ~PY_SHIM_FRAME;
-#endif
-#if PY_FRAME_OWNER >= 0 && PY_OWNER_CSTACK >= 0
-        if (buf[PY_FRAME_OWNER] == PY_OWNER_CSTACK)
-            instr |= PY_SHIM_FRAME;
-#endif
-        s->code[i] = code;
-        s->instr[i] = instr;
-        hash = (hash ^ code) * 1099511628211ULL;
-        hash = (hash ^ instr) * 1099511628211ULL;
-        depth = i + 1;
-        frame = *(u64 *)(buf + PY_FRAME_PREVIOUS);
-    }
-    s->truncated = frame != 0 && depth == PY_MAX_FRAMES;
     if (s->truncated)
         count_walk(3);
-    if (depth == 0) {
-        count_walk(4);
+    if (!walked.hash) {
+        if (walked.reached)
+            count_walk(4);
         return 0;
     }
-    s->depth = depth;
-    hash = (hash ^ depth) * 1099511628211ULL;
-    if (hash == 0)
-        hash = 1;
+    u64 hash = walked.hash;
 #ifndef COST_NO_STACK_MAPS  // benchmarks/region_cost.py: the walk without its map updates
     if (!pystacks.lookup(&hash))
         pystacks.update(&hash, s);

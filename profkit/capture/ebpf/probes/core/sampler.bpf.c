@@ -46,16 +46,18 @@ struct sampler_config {
 
 const volatile struct sampler_config cfg = {};
 
-#define PY_MAX_FRAMES 32
-#define PY_FRAME_SPAN_MAX 128
-#define PY_SHIM_FRAME 0x80000000U
-
-struct pystack {
-    u64 code[PY_MAX_FRAMES];
-    u32 instr[PY_MAX_FRAMES];
-    u32 depth;
-    u32 truncated;
-};
+// The layout's names as pywalk.h reads them: the config's fields.
+#define PY_FRAME_KIND cfg.py_frame_kind
+#define PY_TSTATE_FRAME cfg.py_tstate_frame
+#define PY_CFRAME_CURRENT cfg.py_cframe_current
+#define PY_FRAME_CODE cfg.py_frame_code
+#define PY_FRAME_PREVIOUS cfg.py_frame_previous
+#define PY_FRAME_INSTR cfg.py_frame_instr
+#define PY_FRAME_OWNER cfg.py_frame_owner
+#define PY_OWNER_CSTACK cfg.py_owner_cstack
+#define PY_CODE_ADAPTIVE cfg.py_code_adaptive
+#define PY_FRAME_SPAN cfg.py_frame_span
+#include "../pywalk.h"
 
 struct pystack_stats {
     u64 regions;
@@ -187,61 +189,17 @@ static __always_inline u64 walk_tstate(u64 tstate) {
     struct pystack *s = bpf_map_lookup_elem(&pystack_scratch, &zero);
     if (!s)
         return 0;
-    u64 frame = 0;
-    if (cfg.py_frame_kind == 2) {
-        u64 cframe = 0;
-        if (bpf_probe_read_user(&cframe, sizeof(cframe), (void *)(tstate + cfg.py_tstate_frame)) ||
-            !cframe ||
-            bpf_probe_read_user(&frame, sizeof(frame), (void *)(cframe + cfg.py_cframe_current))) {
-            count_in(&walk_counts, 2);
-            return 0;
-        }
-    } else if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(tstate + cfg.py_tstate_frame))) {
+    struct pywalk walked = py_walk(tstate, s);
+    if (walked.failed)
         count_in(&walk_counts, 2);
-        return 0;
-    }
-    u8 buf[PY_FRAME_SPAN_MAX];
-    u32 span = cfg.py_frame_span;
-    if (span > PY_FRAME_SPAN_MAX)
-        span = PY_FRAME_SPAN_MAX;
-    u32 depth = 0;
-    u64 hash = 14695981039346656037ULL;
-    for (int i = 0; i < PY_MAX_FRAMES; i++) {
-        if (!frame)
-            break;
-        if (bpf_probe_read_user(buf, span, (void *)frame)) {
-            count_in(&walk_counts, 2);
-            break;
-        }
-        u64 code = *(u64 *)(buf + (cfg.py_frame_code & (PY_FRAME_SPAN_MAX - 8)));
-        u32 instr;
-        if (cfg.py_frame_kind == 1) {
-            instr = *(int *)(buf + (cfg.py_frame_instr & (PY_FRAME_SPAN_MAX - 4)));
-        } else {
-            u64 ip = *(u64 *)(buf + (cfg.py_frame_instr & (PY_FRAME_SPAN_MAX - 8)));
-            instr = (u32)((ip - code - cfg.py_code_adaptive) / 2) & ~PY_SHIM_FRAME;
-        }
-        if (cfg.py_frame_owner >= 0 && cfg.py_owner_cstack >= 0 &&
-            buf[cfg.py_frame_owner & (PY_FRAME_SPAN_MAX - 1)] == cfg.py_owner_cstack)
-            instr |= PY_SHIM_FRAME;
-        s->code[i] = code;
-        s->instr[i] = instr;
-        hash = (hash ^ code) * 1099511628211ULL;
-        hash = (hash ^ instr) * 1099511628211ULL;
-        depth = i + 1;
-        frame = *(u64 *)(buf + (cfg.py_frame_previous & (PY_FRAME_SPAN_MAX - 8)));
-    }
-    s->truncated = frame != 0 && depth == PY_MAX_FRAMES;
     if (s->truncated)
         count_in(&walk_counts, 3);
-    if (depth == 0) {
-        count_in(&walk_counts, 4);
+    if (!walked.hash) {
+        if (walked.reached)
+            count_in(&walk_counts, 4);
         return 0;
     }
-    s->depth = depth;
-    hash = (hash ^ depth) * 1099511628211ULL;
-    if (hash == 0)
-        hash = 1;
+    u64 hash = walked.hash;
     if (!bpf_map_lookup_elem(&pystacks, &hash))
         bpf_map_update_elem(&pystacks, &hash, s, BPF_ANY);
     count_in(&walk_counts, 0);

@@ -1,0 +1,64 @@
+"""Whether to trace the scheduler: its tracepoints run on every context switch of the machine,
+so the machine's switch rate decides what they would cost the target."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ...host import procfs
+from ..budget import SCHED_TRACE_SHARE, sched_trace_share
+from ..clock import Clock
+from ..collectors.base import CaptureContext
+
+
+def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) -> dict[str, object]:
+    """Whether to trace the scheduler: its tracepoints run on every context switch of the
+    machine, so on a busy one they cost more than their share of the budget
+    (docs/collectors.md)."""
+    setting = context.options.ebpf_sched
+    if setting != "auto":
+        return {
+            "traced": setting == "on",
+            "setting": setting,
+            "reason": "" if setting == "on" else "scheduler tracepoints off (--ebpf-sched off)",
+        }
+    budget = SCHED_TRACE_SHARE * context.options.budget.overhead_share
+    rate = (switches or SwitchRate(context.clock)).rate()
+    share = sched_trace_share(rate, os.cpu_count() or 1)
+    decision: dict[str, object] = {
+        "traced": share <= budget,
+        "setting": "auto",
+        "switches_per_s": round(rate),
+        "expected_share": share,
+    }
+    decision["reason"] = (
+        ""
+        if share <= budget
+        else (
+            f"scheduler tracepoints skipped: the machine switches {rate:,.0f} times a second on "
+            f"{os.cpu_count()} CPUs, which would cost the target ~{100 * share:.1f}%, over "
+            f"their {100 * budget:.2g}% share of the budget (--ebpf-sched on to trace anyway)"
+        )
+    )
+    return decision
+
+
+class SwitchRate:
+    """Context switches per second on the whole machine, from /proc/stat's ctxt, counted from
+    construction: the start-up work in between is measured over rather than slept through."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.before, self.start = procfs.read_context_switches(), clock()
+
+    def rate(self, at_least_s: float = 0.25) -> float:
+        remaining = at_least_s - (self.clock() - self.start) / 1e9
+        if remaining > 0:
+            time.sleep(remaining)
+        after, end = procfs.read_context_switches(), self.clock()
+        return (after - self.before) / max(1e-9, (end - self.start) / 1e9)
+
+
+def machine_switch_rate(clock: Clock, seconds: float = 0.25) -> float:
+    return SwitchRate(clock).rate(seconds)
