@@ -141,6 +141,7 @@ class EbpfData:
     lost: int
     uprobes_attached: bool
     scheduler_traced: bool = True  # False when the tracepoints were skipped to fit the budget
+    scheduler_skipped: str = ""  # why, where the capture says
     regions_skipped: str = ""  # why the region probes were detached, when they were
     # When the region probes were switched on and off to fit the budget: their on-times (ns).
     # Empty when they stayed on (or off) for the whole capture.
@@ -218,7 +219,9 @@ class Bundle:
             if result.get("status") not in ("ok", "partial"):
                 out[name] = f"{result.get('status')}: {result.get('reason', '')}".strip(": ")
         if self.sched is not None and not self.sched.scheduler_traced:
-            reason = self.manifest.get("collectors", {}).get(OWNER[EBPF], {}).get("reason", "")
+            reason = self.sched.scheduler_skipped or self.manifest.get("collectors", {}).get(
+                OWNER[EBPF], {}
+            ).get("reason", "")
             out["ebpf scheduler tracepoints"] = reason or "not traced"
         if self.sched is not None and self.sched.regions_skipped:
             out["ebpf OpenMP region probes"] = self.sched.regions_skipped
@@ -464,6 +467,7 @@ def _sched(files: BundleFiles, manifest: Fields) -> EbpfData | None:
     attached = data.texts("attached", optional=True)
     lost = data.table("lost", optional=True)
     decision = data.maybe_table("regions_decision") or Fields({}, data.where, "regions_decision.")
+    sched = data.maybe_table("sched") or Fields({}, data.where, "sched.")
     primary = manifest.table("target", optional=True).maybe_text("openmp_runtime")
     return EbpfData(
         threads={
@@ -486,7 +490,9 @@ def _sched(files: BundleFiles, manifest: Fields) -> EbpfData | None:
         region_requested=regions["requested"],
         lost=sum(need_int(count, lost.label(key)) for key, count in lost.data.items()),
         uprobes_attached=any(a.startswith("uprobe:") for a in attached),
-        scheduler_traced=any(a.startswith("tracepoint:sched") for a in attached),
+        # bcc's classic tracepoint or the CO-RE program's BTF one
+        scheduler_traced=any("sched:sched_switch" in a for a in attached),
+        scheduler_skipped=sched.text("reason", ""),
         regions_skipped=decision.text("reason", ""),
         region_on=tuple(
             (on[0], on[1])

@@ -191,10 +191,10 @@ def capture_options(function: F) -> F:
             type=click.Choice(["auto", "core", "bcc"]),
             default="auto",
             show_default=True,
-            help="How the eBPF programs load: bcc compiles them here (needs kernel headers and "
-            "bcc; every program), core loads prebuilt CO-RE objects through libbpf (needs only "
-            "BTF and libbpf1; the sampler and stack walker so far, no region probes or "
-            "scheduler tracepoints); auto takes bcc where it loads, else core.",
+            help="How the eBPF programs load: core loads the prebuilt CO-RE object through "
+            "libbpf (needs only a kernel with BTF and libbpf1), bcc compiles them here (needs "
+            "kernel headers and bcc); both hold every program. auto takes core wherever it "
+            "loads, else bcc.",
         ),
         click.option(
             "--python-stacks",

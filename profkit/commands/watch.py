@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ..capture.collectors.base import EbpfLoader
 from ..errors import EXIT_OK
 from ..watch.options import (
     DEFAULT_LISTEN,
@@ -105,6 +106,14 @@ def interval_option(default: float, help_text: str) -> Callable[[F], F]:
     "push_url",
     help="Base URL of a Pyroscope-compatible server: each profile is posted to URL/ingest.",
 )
+@click.option(
+    "--ebpf-loader",
+    type=click.Choice(["auto", "core", "bcc"]),
+    default="auto",
+    show_default=True,
+    help="How the region probes load: the prebuilt CO-RE object through libbpf, or bcc "
+    "compiling them here; auto takes CO-RE wherever it loads (as attach's option).",
+)
 def watch(
     pids: tuple[int, ...],
     matches: tuple[str, ...],
@@ -116,6 +125,7 @@ def watch(
     profiles_dir: str | None,
     keep: int,
     push_url: str | None,
+    ebpf_loader: EbpfLoader,
 ) -> int:
     """Watch processes continuously: Prometheus metrics, findings and pprof profiles."""
     from ..watch.agent import Agent, leave
@@ -129,6 +139,7 @@ def watch(
         keep_profiles=keep,
         push_url=parse_push(push_url) if push_url else None,
         probes=not no_probes,
+        ebpf_loader=ebpf_loader,
     )
     agent = Agent(options)
     agent.install_signals()

@@ -235,29 +235,30 @@ def check_bcc() -> Check:
 
 
 CORE_PROBE = (
-    "from profkit.capture.ebpf import libbpf, core_sampler as c\n"
+    "from profkit.capture.ebpf import libbpf, core_program as c\n"
     "why = libbpf.readiness()\n"
     "if why: raise SystemExit('core-missing: ' + why)\n"
-    "o = libbpf.CoreObject(c.OBJECT, c.SamplerConfig(py_frame_span=8), {}, c.TYPES)\n"
+    "o = libbpf.CoreObject(c.OBJECT, c.ProcessConfig(py_frame_span=8), {}, c.TYPES)\n"
     "o.close()\n"
     "print('core-ok', libbpf.version())\n"
 )
 
 
 def check_core() -> Check:
-    """Load the prebuilt CO-RE sampler through libbpf: what runs where bcc cannot compile."""
+    """Load the prebuilt CO-RE process program through libbpf: what runs where bcc cannot
+    compile. The kernel checks each program's helpers as it loads (the region probes' attach
+    cookies need 5.15), so a load that succeeds is the features check."""
     try:
         out = subprocess.run(
             [sys.executable, "-c", CORE_PROBE], capture_output=True, text=True, timeout=60
         )
     except subprocess.TimeoutExpired:
-        return Check("CO-RE (libbpf)", MISSING, "loading the sampler took over 60 s")
+        return Check("CO-RE (libbpf)", MISSING, "loading the process program took over 60 s")
     text = (out.stdout + out.stderr).strip()
     if out.stdout.startswith("core-ok"):
         version = out.stdout.split()[-1]
-        return Check(
-            "CO-RE (libbpf)", OK, f"libbpf {version} loaded the prebuilt sampler and walker"
-        )
+        loaded = f"libbpf {version} loaded the prebuilt sampler, walker and region probes"
+        return Check("CO-RE (libbpf)", OK, loaded)
     last = text.splitlines()[-1] if text else f"exit {out.returncode}"
     if "core-missing:" in last:
         reason = last.split("core-missing:", 1)[1].strip()

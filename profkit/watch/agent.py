@@ -224,7 +224,11 @@ class Agent:
         if target.start_ticks != candidate.start_ticks:
             return  # the pid was reused between the scan and now: next interval
         labels = labels_of(target.pid, target.cmdline, candidate.comm, self.options.name)
-        probe = RegionProbe(target) if self.options.probes else NoProbe(target)
+        probe = (
+            RegionProbe(target, self.options.ebpf_loader)
+            if self.options.probes
+            else NoProbe(target)
+        )
         watched = WatchedProcess(target, probe)
         try:
             watched.begin(load_probe=False)

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from ..capture.collectors.base import EbpfLoader
 from ..errors import UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
@@ -54,6 +55,7 @@ class WatchOptions:
     keep_profiles: int = 240
     push_url: str | None = None
     probes: bool = True  # the OpenMP region probes and the stack walker (eBPF)
+    ebpf_loader: EbpfLoader = "auto"
 
 
 def parse_selectors(

@@ -11,8 +11,8 @@ import ctypes
 from dataclasses import dataclass
 
 from ..bundle.read import Frame
+from ..capture.collectors.base import EbpfLoader
 from ..capture.ebpf.collector import EbpfCollector
-from ..capture.ebpf.loader import BccUnavailable, load_bcc
 from ..capture.ebpf.pywalk import SHIM_FRAME, resolve_frame
 from ..host.pyruntime import CodeResolver, PyRuntimeUnsupported
 from ..host.pyruntime import thread_states as read_thread_states
@@ -37,8 +37,9 @@ def release_heap() -> None:
 class RegionProbe:
     """Load with start(); read() any number of times; close() detaches everything."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, loader: EbpfLoader = "auto") -> None:
         self.target = target
+        self.loader = loader
         self.status = "off"
         self.reason = ""
         self.walker_reason = ""
@@ -59,16 +60,15 @@ class RegionProbe:
         if runtime is None:
             self.reason = "no OpenMP runtime mapped: no region probe (pool CPU from /proc only)"
             return
-        try:
-            load_bcc()
-        except BccUnavailable as exc:
-            self.reason = f"no region probe: {exc}"
+        unavailable = EbpfCollector().available(self.target)
+        if not unavailable.ok:
+            self.reason = f"no region probe: {unavailable.reason}"
             return
         collector = EbpfCollector()
         self._collector = collector
         try:
             # No logs, no sampler, no tracepoints: only the cumulative counters are read.
-            collector.load_counters(self.target)
+            collector.load_counters(self.target, loader=self.loader)
         except Exception as exc:
             self.close()
             release_heap()

@@ -193,7 +193,7 @@ class WatchedProcess:
                 return False
             self.target = target
             self.probe.close()
-            self.probe = RegionProbe(target)
+            self.probe = RegionProbe(target, self.probe.loader)
             self._probe_ready = False
         return True
 

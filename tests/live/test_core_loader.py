@@ -1,6 +1,7 @@
-"""The prebuilt CO-RE sampler where bcc cannot run: a mount namespace hides the kernel headers,
-bcc's Python package and perf, as on a GPU or Kubernetes node, and profkit still samples every
-thread and places the pool's CPU by its workers' dispatcher stacks."""
+"""The prebuilt CO-RE program where bcc cannot run: a mount namespace hides the kernel headers,
+bcc's Python package and perf, as on a GPU or Kubernetes node, and profkit still probes every
+parallel region with its Python stack, samples every thread, and places the pool's CPU by its
+workers' dispatcher stacks where the region probes come off."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from ..support import ROOT
 from .conftest import StartRecipe
 from .test_dispatched_samples import assert_sites_by_samples
-from .test_pystacks_live import report_of
+from .test_pystacks_live import SITES, assert_ratio, line_of, report_of
 
 pytestmark = pytest.mark.root
 
@@ -52,7 +53,41 @@ def test_doctor_names_core_ready_where_bcc_cannot_compile(tmp_path: Path) -> Non
     assert rows["CO-RE (libbpf)"]["status"] == "ok", rows["CO-RE (libbpf)"]
 
 
-def test_three_sites_on_core_without_headers_bcc_or_perf(
+def test_three_sites_exact_on_core_without_headers_bcc_or_perf(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
+    """Default settings, as the bcc test of the same recipe: each region's stack read at its
+    entry by the CO-RE region probes, the region counts in the recipe's 1:2:3."""
+    recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
+    out = tmp_path / "b"
+    captured = without_bcc(
+        tmp_path,
+        "attach",
+        "--pid",
+        str(recipe.pid),
+        "--duration",
+        "5",
+        "--no-report",
+        "-o",
+        str(out),
+    )
+    assert captured.returncode == 0, captured.stderr
+    ebpf = json.loads((out / "ebpf.json").read_text())
+    assert ebpf["loader"]["name"] == "core", ebpf["loader"]
+    assert any("GOMP_parallel entry" in a for a in ebpf["attached"]), ebpf["attached"]
+    report = report_of(out)
+    rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
+    assert set(rows) == set(SITES), report["attribution"]
+    assert {r["method"] for r in rows.values()} == {"stack"}
+    assert_ratio({site: rows[site]["regions"] for site in SITES}, 0.01)
+    for site in SITES:
+        line = line_of("# " + site.replace("_", " "))
+        assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
+    pool = next(p for p in report["pools"] if p["runtime"] == "openmp")
+    assert pool["regions_with_stack"] >= 0.99 * pool["regions"] > 0, pool
+
+
+def test_three_sites_sampled_on_core_without_headers_bcc_or_perf(
     start_recipe: StartRecipe, tmp_path: Path
 ) -> None:
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", "--mb", "1", warmup=1.0)

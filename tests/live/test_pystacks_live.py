@@ -65,10 +65,22 @@ def assert_ratio(counts: Mapping[str, float], tolerance: float) -> None:
         assert counts[site] == pytest.approx(weight * unit, rel=tolerance), counts
 
 
-def test_three_sites_at_default_settings(start_recipe: StartRecipe, tmp_path: Path) -> None:
+def loaded_by(out: Path) -> str:
+    return str(json.loads((out / "ebpf.json").read_text())["loader"]["name"])
+
+
+# The eBPF tests run on the default loader (CO-RE here); these also run on bcc.
+LOADERS = pytest.mark.parametrize("loader", ["core", "bcc"])
+
+
+@LOADERS
+def test_three_sites_at_default_settings(
+    start_recipe: StartRecipe, tmp_path: Path, loader: str
+) -> None:
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
-    captured = attach(recipe.pid, tmp_path / "b", duration=5.0)
+    captured = attach(recipe.pid, tmp_path / "b", "--ebpf-loader", loader, duration=5.0)
     assert captured.returncode == 0, captured.stderr
+    assert loaded_by(tmp_path / "b") == loader
     report = report_of(tmp_path / "b")
     rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
     assert set(rows) == set(SITES), report["attribution"]
@@ -301,12 +313,16 @@ def test_every_copy_of_a_runtime_is_probed(start_recipe: StartRecipe, tmp_path: 
     }, report["attribution"]
 
 
-def test_openblas_pool_attributed_to_its_line(start_recipe: StartRecipe, tmp_path: Path) -> None:
+@LOADERS
+def test_openblas_pool_attributed_to_its_line(
+    start_recipe: StartRecipe, tmp_path: Path, loader: str
+) -> None:
     recipe = start_recipe(
         "sites.py", "--pool", "blas", "--rounds-per-s", "10", env={"OPENBLAS_NUM_THREADS": "2"}
     )
-    captured = attach(recipe.pid, tmp_path / "b", duration=4.0)
+    captured = attach(recipe.pid, tmp_path / "b", "--ebpf-loader", loader, duration=4.0)
     assert captured.returncode == 0, captured.stderr
+    assert loaded_by(tmp_path / "b") == loader
     report = report_of(tmp_path / "b")
     pool = next(p for p in report["pools"] if p["runtime"] == "openblas")
     assert pool["regions"] > 0 and pool["regions_with_stack"] >= 0.99 * pool["regions"], pool
@@ -319,17 +335,20 @@ def test_openblas_pool_attributed_to_its_line(start_recipe: StartRecipe, tmp_pat
         assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
 
 
-def test_offcpu_python_stacks_without_pyspy(start_recipe: StartRecipe, tmp_path: Path) -> None:
+@LOADERS
+def test_offcpu_python_stacks_without_pyspy(
+    start_recipe: StartRecipe, tmp_path: Path, loader: str
+) -> None:
     """With the scheduler traced, the walker reads each Python thread's stack as it leaves
     the CPU: the main thread, waiting on the dispatching thread, is off CPU at its join."""
     recipe = start_recipe(
         "sites.py", "--pool", "gomp", "--rounds-per-s", "50", "--thread", warmup=0.5
     )
     out = tmp_path / "b"
-    captured = attach(
-        recipe.pid, out, "--collectors", "ebpf,proc", "--ebpf-sched", "on", duration=2.0
-    )
+    flags = ("--collectors", "ebpf,proc", "--ebpf-sched", "on", "--ebpf-loader", loader)
+    captured = attach(recipe.pid, out, *flags, duration=2.0)
     assert captured.returncode == 0, captured.stderr
+    assert loaded_by(out) == loader
     exported = run_profkit(
         "export", str(out), "--format", "folded", "--view", "offcpu", "-o", str(tmp_path / "o")
     )

@@ -36,9 +36,11 @@ def site_cpu(metrics: str) -> dict[str, float]:
 
 
 @pytest.mark.root
-def test_sites_in_the_recipes_ratio(start_recipe: StartRecipe) -> None:
+@pytest.mark.parametrize("loader", ["core", "bcc"])
+def test_sites_in_the_recipes_ratio(start_recipe: StartRecipe, loader: str) -> None:
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
-    with agent("--pid", str(recipe.pid), "--name", "sites", "--interval", "1") as a:
+    flags = ("--name", "sites", "--interval", "1", "--ebpf-loader", loader)
+    with agent("--pid", str(recipe.pid), *flags) as a:
         a.wait_serving()
         deadline = time.monotonic() + 60
         cpu: dict[str, float] = {}

@@ -2,9 +2,11 @@
 of the target, with their Python stacks.
 
 bcc compiles the programs (programs.py renders them for one target) where it loads; elsewhere
-the prebuilt CO-RE sampler loads through libbpf (core_sampler.py). Probes are attached for the
-target only, and detached on every exit path (cleanup()). The region probes' rate decides
-whether they stay on (region_policy.py); the logs are read after the window (logs.py).
+the prebuilt CO-RE process program loads through libbpf (core_program.py), with the same maps.
+Probes are attached for the target only, and detached on every exit path (cleanup()). The
+region probes are attached and switched through one interface for both loaders
+(region_probes.py); their rate decides whether they stay on (region_policy.py); the logs are
+read after the window (logs.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ...host.target import Target
 from ..budget import REGION_PROBE_SHARE
 from ..collectors.base import Availability, CaptureContext
 from . import libbpf
-from .core_sampler import load_sampler
+from .core_program import SCHED_PROGRAMS, load_process
 from .duty import RECOUNT_S, DutyCycle
 from .libbpf import CoreObject
 from .loader import BccUnavailable, BpfProgram, detach_uprobes, load_bcc
@@ -36,7 +38,8 @@ from .native import NATIVE_STACK_ENTRIES, native_tables, read_stacks
 from .programs import PYTHON_SAMPLE_HZ, OpenMPProgram, SchedProgram
 from .pywalk import PythonWalker
 from .region_policy import RegionCount, decide_regions, needs_recount
-from .regions import RuntimeProbes, find_probes, probeable
+from .region_probes import BccRegionProbes, CoreRegionProbes, RegionProbes
+from .regions import RuntimeProbes, Uprobe, find_probes, probeable, region_uprobes
 from .scheduler import SwitchRate, decide_sched
 
 # What the Python stack walker adds to a region's entry trap at its full 32 frames, measured
@@ -59,7 +62,8 @@ class EbpfCollector:
         self.print_programs = print_programs
         self._bpf: list[BpfProgram] = []  # every loaded program, for cleanup
         self._sched_bpf: BpfProgram | None = None
-        self._openmp_bpf: BpfProgram | None = None
+        # The target's process program, bcc's or the CO-RE object: both are read by map name.
+        self._process: BpfProgram | CoreObject | None = None
         self.sched_decision: dict[str, object] = {}
         self._on_ns: list[tuple[int, int]] = []  # the switched probes' on-times
         self.region_decision: dict[str, object] = {}
@@ -79,20 +83,19 @@ class EbpfCollector:
             "stack": [],  # index into the walker's stacks, -1 for none
         }
         self.walker: PythonWalker | None = None
-        self._region_probes: list[tuple[str, dict[str, object]]] = []
+        self._region_probes: list[Uprobe] = []
+        self._regions: RegionProbes | None = None
         self._hit_s: dict[int, float] = {}  # each probed copy's trap cost per region
         self.probed_runtimes: list[dict[str, object]] = []
         self.regions_detached = False
         self._cycle: DutyCycle | None = None  # set when the probes are switched on and off
-        # bcc's names of the attached entry (True) and end (False) probes' events
-        self._events: dict[bool, set[bytes]] = {}
         # The region-rate check runs while the other tools settle; the window waits for it.
         self._judged = threading.Event()
         self._judged.set()
         self._sampling = False
         self._dispatch_wakeups = False
         self.loader = "bcc"
-        self._core: CoreObject | None = None  # the CO-RE sampler, where it runs instead of bcc
+        self._core: CoreObject | None = None  # the CO-RE program, where it runs instead of bcc
         self._native = False
         self._sample_hz = PYTHON_SAMPLE_HZ
         self.lost = {"slices": 0, "regions": 0}
@@ -101,34 +104,53 @@ class EbpfCollector:
         self._start_ns = 0
 
     def available(self, target: Target) -> Availability:
+        core = libbpf.readiness()
+        if not core:
+            return Availability(True)
         try:
             load_bcc()
         except BccUnavailable as exc:
-            core = libbpf.readiness()
-            if core:
-                return Availability(False, f"{exc}; and CO-RE cannot load: {core}")
+            return Availability(False, f"{exc}; and CO-RE cannot load: {core}")
         return Availability(True)
 
     def _choose_loader(self, asked: str) -> str:
-        """bcc where asked or, for auto, where it loads; else the prebuilt CO-RE objects."""
+        """The asked loader or, for auto, the prebuilt CO-RE object wherever the kernel has BTF
+        and libbpf loads (nothing compiled: a shorter start), else bcc."""
         if asked != "auto":
             return asked
-        try:
-            load_bcc()
-        except BccUnavailable as exc:
-            self.warnings.append(
-                f"eBPF through the prebuilt CO-RE sampler ({exc}): no region probes or "
-                "scheduler tracepoints yet"
-            )
+        why = libbpf.readiness()
+        if not why:
             return "core"
+        self.warnings.append(f"eBPF through bcc: the prebuilt CO-RE program cannot load ({why})")
         return "bcc"
 
     def start(self, context: CaptureContext) -> None:
         self._context = context
-        self.loader = self._choose_loader(context.options.ebpf_loader)
+        asked = context.options.ebpf_loader
+        self.loader = self._choose_loader(asked)
         if self.loader == "core":
-            self._start_core(context)
-            return
+            try:
+                self._start_core(context)
+            except libbpf.CoreUnavailable as exc:
+                if asked != "auto":
+                    raise
+                # A kernel that refuses the prebuilt object (an old one without attach
+                # cookies) may still take what bcc compiles for it.
+                self._reset_for_bcc(f"eBPF through bcc: the prebuilt CO-RE program failed: {exc}")
+                self._start_bcc(context)
+        else:
+            self._start_bcc(context)
+        if self._region_probes:
+            self._judged.clear()
+            threading.Thread(
+                target=self._judge_in_background,
+                args=(context, context.clock(), self._entries_by_copy()),
+                name="profkit-region-rate",
+                daemon=True,
+            ).start()
+        self._start_ns = context.clock()
+
+    def _start_bcc(self, context: CaptureContext) -> None:
         target = context.target
         switches = SwitchRate(context.clock)
         flags = self._prepare_walker(target, context.options.python_stacks != "off")
@@ -154,70 +176,68 @@ class EbpfCollector:
         )
         self._dispatch_wakeups = program.dispatch_wakeups
         self._load(program, flags, sample=True)
-        if self._region_probes:
-            self._judged.clear()
-            threading.Thread(
-                target=self._judge_in_background,
-                args=(context, context.clock(), self._entries_by_copy()),
-                name="profkit-region-rate",
-                daemon=True,
-            ).start()
-        self._start_ns = context.clock()
 
     def _start_core(self, context: CaptureContext) -> None:
-        """The prebuilt sampler and walker through libbpf: Python and native stacks of every
-        target thread, a worker's with its dispatcher's Python stack. No region probes or
-        scheduler tracepoints: those are bcc's programs still."""
+        """The prebuilt process program through libbpf: what bcc's program does, from one
+        object (the sampler and walker, the region probes of every runtime copy, the scheduler
+        tracepoints where traced) attached program by program."""
         target = context.target
-        flags = self._prepare_walker(target, context.options.python_stacks != "off")
-        if not flags or self.walker is None or self.walker.layout is None:
-            raise libbpf.CoreUnavailable(
-                self.walker.reason if self.walker else "no Python stack walker"
-            )
-        # The wakeup tracepoint that finds a worker's dispatcher runs on every wakeup of the
-        # machine: it follows the scheduler decision's cost check.
-        decided = decide_sched(context)
-        wakeups = bool(decided["traced"])
-        not_yet = "not in the CO-RE programs yet (--ebpf-loader bcc has them)"
-        self.sched_decision = {
-            **decided,
-            "traced": False,
-            "reason": f"scheduler tracepoints {not_yet}",
-        }
-        self.region_decision = {
-            "traced": False,
-            "reason": f"OpenMP region probes {not_yet}; the pool's call sites come from its "
-            "workers' samples",
-        }
+        walker = bool(self._prepare_walker(target, context.options.python_stacks != "off"))
+        layout = self.walker.layout if walker and self.walker is not None else None
+        self.sched_decision = decide_sched(context)
+        traced = bool(self.sched_decision["traced"])
+        if not traced:
+            self.warnings.append(str(self.sched_decision["reason"]))
         self._native = (
-            "perf_record" not in context.collectors and context.options.perf_callgraph == "fp"
+            walker
+            and "perf_record" not in context.collectors
+            and context.options.perf_callgraph == "fp"
         )
         if self._native:
             self._sample_hz = context.options.perf_rate_hz
         program = OpenMPProgram(
-            tgid=target.pid, native_stacks=NATIVE_STACK_ENTRIES if self._native else 0
+            tuple(probeable(target.runtimes)),
+            target.pid,
+            native_stacks=NATIVE_STACK_ENTRIES if self._native else 0,
         )
-        core = load_sampler(
-            target.pid, self.walker.layout, program.sample_capacity, program.native_stacks
-        )
-        self._core = core
+        if not (program.runtimes or walker or traced):
+            return
+        with ThreadPoolExecutor(max(1, min(4, len(program.runtimes)))) as pool:
+            found = [pool.submit(find_probes, i, r) for i, r in enumerate(program.runtimes)]
+            core = load_process(
+                target.pid,
+                layout,
+                program.sample_capacity,
+                program.region_capacity,
+                SchedProgram(target.pid).slice_capacity if traced else 1,
+                program.native_stacks,
+            )
+            probes = [p for p in (f.result() for f in found) if p is not None]
+        self._core = self._process = core
+        self._regions = CoreRegionProbes(core, target.pid)
         try:
-            core.attach_cpu_clock("on_cpu_sample", self._sample_hz)
-            what = "Python and native stacks" if self._native else "Python stacks"
-            self.attached.append(f"perf_event:cpu-clock@{self._sample_hz}Hz ({what}, CO-RE)")
-            if wakeups:
-                try:
+            if traced:
+                self._sched_bpf = core
+                self._seed_threads(core, target.pid)
+                for name, event in SCHED_PROGRAMS.items():
+                    core.attach(name)
+                    self.attached.append(f"tp_btf:sched:{event}")
+            if walker and self.walker is not None:
+                core.attach_cpu_clock("on_cpu_sample", self._sample_hz)
+                what = "Python and native stacks" if self._native else "Python stacks"
+                self.attached.append(f"perf_event:cpu-clock@{self._sample_hz}Hz ({what})")
+                if traced:
+                    # Who wakes the pool's workers, for their samples: on every wakeup of the
+                    # machine, so only where the scheduler's tracepoints fit the budget.
                     core.attach("on_waking")
-                    self.attached.append("tp_btf:sched_waking (dispatchers, CO-RE)")
-                except libbpf.CoreUnavailable as exc:
-                    # Workers are then placed under the only Python thread, where there is one.
-                    self.warnings.append(f"wakeups not traced, dispatchers by thread count: {exc}")
-            self._sampling = True
-            self.walker.attach(core)
+                    self.attached.append("tp_btf:sched:sched_waking (dispatchers)")
+                self._sampling = True
+                self.walker.attach(core)
+            for copy in probes:
+                self._attach_regions(copy)
         except Exception:
             self.cleanup()
             raise
-        self._start_ns = context.clock()
 
     def wait_started(self, stop: threading.Event) -> None:
         """Return once the region-rate check has decided whether the region probes stay, so
@@ -235,21 +255,54 @@ class EbpfCollector:
         finally:
             self._judged.set()
 
-    def load_counters(self, target: Target, python_stacks: bool = True) -> None:
+    def _reset_for_bcc(self, why: str) -> None:
+        self.cleanup()
+        self.loader = "bcc"
+        self.warnings = [why]
+        self.attached = []
+        self.sched_decision = {}
+        self._region_probes, self._hit_s, self.probed_runtimes = [], {}, []
+        self._sampling = False
+
+    def load_counters(
+        self, target: Target, python_stacks: bool = True, loader: str = "auto"
+    ) -> None:
         """For a long-running reader (profkit watch): the walker and every runtime copy's
         region probes with no logs, no sampler and no scheduler tracepoints; the cumulative maps
         (pystack_stats, runtime_entries) are read as often as wanted, and cleanup() detaches."""
         flags = self._prepare_walker(target, python_stacks)
+        self.loader = self._choose_loader(loader)
+        if self.loader == "core":
+            self._load_core_counters(target, bool(flags))
+            return
         program = OpenMPProgram(
             tuple(probeable(target.runtimes)), target.pid, region_capacity=1, sample_capacity=1
         )
         self._load(program, flags, sample=False)
 
+    def _load_core_counters(self, target: Target, walker: bool) -> None:
+        runtimes = tuple(probeable(target.runtimes))
+        probes = [p for p in (find_probes(i, r) for i, r in enumerate(runtimes)) if p is not None]
+        if not probes:
+            return
+        layout = self.walker.layout if walker and self.walker is not None else None
+        core = load_process(target.pid, layout, 1, 1, 1, 0)  # logs of one entry: off
+        self._core = self._process = core
+        self._regions = CoreRegionProbes(core, target.pid)
+        try:
+            if layout is not None and self.walker is not None:
+                self.walker.attach(core)
+            for copy in probes:
+                self._attach_regions(copy)
+        except Exception:
+            self.cleanup()
+            raise
+
     @property
     def program(self) -> BpfProgram | None:
         """The target's loaded process program (bcc's or the CO-RE object), for a reader of
         its counters (profkit watch); None before load and after cleanup."""
-        return self._openmp_bpf if self._openmp_bpf is not None else self._core
+        return self._process
 
     def _prepare_walker(self, target: Target, wanted: bool) -> list[str]:
         self.walker = PythonWalker(target.pid)
@@ -276,7 +329,8 @@ class EbpfCollector:
                 bpf = bcc.BPF(text=program.source(), cflags=flags)
                 probes = [p for p in (f.result() for f in found) if p is not None]
             self._bpf.append(bpf)
-            self._openmp_bpf = bpf
+            self._process = bpf
+            self._regions = BccRegionProbes(bpf, program.tgid)
             if program.sched is not None:
                 # TRACEPOINT_PROBE functions are attached as the program loads.
                 self._sched_bpf = bpf
@@ -292,7 +346,7 @@ class EbpfCollector:
                 assert self.walker is not None
                 self.walker.attach(bpf)
             for copy in probes:
-                self._attach_regions(copy, program.tgid)
+                self._attach_regions(copy)
         except Exception:
             self.cleanup()
             raise
@@ -316,65 +370,32 @@ class EbpfCollector:
             # Attached as the program loaded: who wakes the pool's workers, for their samples.
             self.attached.append("tracepoint:sched:sched_waking (dispatchers)")
 
-    def _attach_regions(self, copy: RuntimeProbes, pid: int) -> None:
+    def _attach_regions(self, copy: RuntimeProbes) -> None:
         """One runtime copy's entry and end probes; a copy that refuses them is left out with
         a warning, the rest go on."""
-        assert self._openmp_bpf is not None
-        bpf, path = self._openmp_bpf, copy.runtime.path
-        added: list[tuple[str, dict[str, object]]] = []
-        described: list[str] = []
-
-        def probe(kind: str, what: str, **where: object) -> None:
-            before = set(bpf.uprobe_fds)
-            getattr(bpf, f"attach_{kind}")(name=path, pid=pid, **where)
-            entry = where["fn_name"] != "on_region_return"
-            self._events.setdefault(entry, set()).update(set(bpf.uprobe_fds) - before)
-            added.append((kind, {"name": path, "pid": pid, **where}))
-            described.append(f"{kind}:{path}:{what}")
-
+        assert self._regions is not None
+        probes = region_uprobes(copy)
         try:
-            # The ends first, as the duty cycle attaches them: a region entered between an
-            # entry probe and its end probe would never be seen to end.
-            if copy.end is not None:
-                what = f"{copy.end.address:#x} (region end, after the team barrier)"
-                probe("uprobe", what, addr=copy.end.address, fn_name="on_region_return")
-            elif copy.returns:
-                # A uprobe on each `ret` rather than a uretprobe: see returns.py.
-                for address in copy.returns:
-                    probe(
-                        "uprobe", f"{address:#x} (return)", addr=address, fn_name="on_region_return"
-                    )
-            else:
-                for entry in copy.entries:
-                    probe("uretprobe", entry.symbol, sym=entry.symbol, fn_name="on_region_return")
-                self.warnings.append(
-                    f"the returns of {', '.join(e.symbol for e in copy.entries)} in {path} could "
-                    "not be found (pyelftools/capstone unavailable or an indirect jump): region "
-                    "ends come from a uretprobe, which makes py-spy --native's pauses longer"
-                )
-            for entry in copy.entries:
-                if entry.point is not None:
-                    what = f"{entry.address:#x} ({entry.symbol} entry, {entry.point.instruction})"
-                    probe("uprobe", what, addr=entry.address, fn_name=copy.handler)
-                else:
-                    probe("uprobe", entry.symbol, sym=entry.symbol, fn_name=copy.handler)
+            self._regions.attach(probes)
         except Exception as exc:  # a stripped or unusual runtime: the rest still works
-            for kind, where in added:
-                with contextlib.suppress(Exception):
-                    getattr(bpf, f"detach_{kind}")(
-                        **{k: v for k, v in where.items() if k != "fn_name"}
-                    )
-            self.warnings.append(f"region probes in {path} failed: {exc}")
+            self.warnings.append(f"region probes in {copy.runtime.path} failed: {exc}")
             return
-        self._region_probes += added
-        self.attached += described
+        if any(p.retprobe for p in probes):
+            self.warnings.append(
+                f"the returns of {', '.join(e.symbol for e in copy.entries)} in "
+                f"{copy.runtime.path} could not be found (pyelftools/capstone unavailable or an "
+                "indirect jump): region ends come from a uretprobe, which makes py-spy "
+                "--native's pauses longer"
+            )
+        self._region_probes += probes
+        self.attached += [p.described for p in probes]
         self._hit_s[copy.index] = copy.hit_cost_s()
         self.probed_runtimes.append(copy.describe())
 
     def _entries_by_copy(self) -> dict[int, int]:
-        if self._openmp_bpf is None:
+        if self._process is None:
             return {}
-        table = self._openmp_bpf["runtime_entries"]
+        table = self._process["runtime_entries"]
         return {index: int(table[ctypes.c_int(index)].value) for index in self._hit_s}
 
     def _judge_region_rate(
@@ -384,8 +405,7 @@ class EbpfCollector:
         detach them when their traps would cost the dispatching threads more than their share
         of the budget (a loop of small parallel ops can start 100 000 regions a second: 2 us
         each is then 20% of its time)."""
-        bpf = self._openmp_bpf
-        if bpf is None:
+        if self._process is None:
             return
         walk_s = WALKER_HIT_S if self.walker is not None and self.walker.layout else 0.0
 
@@ -452,22 +472,13 @@ class EbpfCollector:
         self.regions_detached = True
         self.attached = [a for a in self.attached if not a.startswith(("uprobe:", "uretprobe:"))]
 
-    def _probes(self, entries: bool) -> list[tuple[str, dict[str, object]]]:
-        ends = [p for p in self._region_probes if p[1]["fn_name"] == "on_region_return"]
-        return [p for p in self._region_probes if p not in ends] if entries else ends
-
     def _attach_probes(self, entries: bool) -> None:
-        bpf = self._openmp_bpf
-        assert bpf is not None
-        before = set(bpf.uprobe_fds)
-        for kind, where in self._probes(entries):
-            getattr(bpf, f"attach_{kind}")(**where)
-        self._events[entries] = set(bpf.uprobe_fds) - before
+        assert self._regions is not None
+        self._regions.attach([p for p in self._region_probes if p.entry == entries])
 
     def _detach_probes(self, entries: bool) -> None:
-        """All at once: one after another, each close waits for the kernel (loader.py)."""
-        if self._openmp_bpf is not None:
-            detach_uprobes(self._openmp_bpf, self._events.pop(entries, set()))
+        if self._regions is not None:
+            self._regions.detach(entries)
 
     def _stop_cycle(self) -> None:
         """The on-times into the decision, once the switching has stopped."""
@@ -482,23 +493,21 @@ class EbpfCollector:
         if cycle.error:
             self.warnings.append(cycle.error)
 
-    def _seed_threads(self, bpf: BpfProgram, pid: int) -> None:
+    def _seed_threads(self, bpf: BpfProgram | CoreObject, pid: int) -> None:
         times = bpf["times"]
         for tid in procfs.list_tids(pid):
             times[times.Key(tid)] = times.Leaf()
 
     def progress(self) -> int:
-        if self._openmp_bpf is None:
+        if self._process is None:
             return 0
         try:
-            return int(self._openmp_bpf["region_count"][ctypes.c_int(0)].value)
+            return int(self._process["region_count"][ctypes.c_int(0)].value)
         except Exception:
             return 0
 
     def stop(self) -> CollectorResult:
         assert self._context is not None
-        if self._core is not None:
-            return self._stop_core()
         self._judged.wait(timeout=5)  # a window cut short by a signal may end before the check
         self._stop_cycle()
         end_ns = self._context.clock()
@@ -536,17 +545,18 @@ class EbpfCollector:
         native_notes: dict[str, object] = {}
         if self.walker is not None:
             python["reason"] = self.walker.reason
-        if self._openmp_bpf is not None:
+        if self._process is not None:
+            process = self._process
             # One snapshot of both counters, then the log up to it: the target goes on
             # starting regions while the log is read.
-            entries, ended = self._check_ends(self._openmp_bpf, warn=not self.regions_detached)
+            entries, ended = self._check_ends(process, warn=not self.regions_detached)
             stack_index: dict[int, int] = {}
             if self.walker is not None and self.walker.layout is not None:
                 python, stack_index = self.walker.read()
             if not self.regions_detached:
-                self._read_regions(self._openmp_bpf, ended, stack_index)
+                self._read_regions(process, ended, stack_index)
             if self._sampling:
-                native_notes = self._take_samples(self._openmp_bpf, python, stack_index)
+                native_notes = self._take_samples(process, python, stack_index)
             if self._sched_bpf is not None and stack_index:
                 python["offcpu"] = {
                     "tid": [tid for (_, tid) in offcpu_by_stack],
@@ -555,20 +565,11 @@ class EbpfCollector:
                     "switches": [v[1] for v in offcpu_by_stack.values()],
                 }
             payload["region_entries"] = entries
-            hist = self._openmp_bpf["duration_us_log2"]
+            hist = process["duration_us_log2"]
             payload["histogram_us_log2"] = {
                 str(k.value): v.value for k, v in hist.items() if v.value
             }
         self.cleanup()
-        return self._finish(payload, end_ns, native_notes, python)
-
-    def _stop_core(self) -> CollectorResult:
-        assert self._context is not None and self._core is not None and self.walker is not None
-        end_ns = self._context.clock()
-        python, stack_index = self.walker.read()
-        native_notes = self._take_samples(self._core, python, stack_index)
-        self.cleanup()
-        payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
         return self._finish(payload, end_ns, native_notes, python)
 
     def _take_samples(
@@ -746,9 +747,9 @@ class EbpfCollector:
         self._stop_cycle()
         if self.walker is not None:
             self.walker.halt()
-        self._sched_bpf = self._openmp_bpf = None
+        self._sched_bpf = self._process = None
         if self._core is not None:
-            self._core.close()
+            self._core.close()  # its links at once, region probes included
             self._core = None
         while self._bpf:
             bpf = self._bpf.pop()

@@ -17,6 +17,7 @@ import ctypes.util
 import errno
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,10 +29,23 @@ PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK = 1, 0
 PERF_FLAG_FD_CLOEXEC = 8
 ATTR_FREQ = 1 << 10  # perf_event_attr's `freq` bit: sample_freq, not a period
 BPF_ANY = 0
+# Map types whose size is their capacity (the others count their keys).
+ARRAY_TYPES = {2, 6}  # BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_PERCPU_ARRAY
 
 
 class CoreUnavailable(RuntimeError):
     """The CO-RE programs cannot load here; the message says why and what to install."""
+
+
+class _UprobeOpts(ctypes.Structure):
+    # struct bpf_uprobe_opts as of libbpf 1.0; `sz` tells libbpf which fields are set.
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("ref_ctr_offset", ctypes.c_size_t),
+        ("bpf_cookie", ctypes.c_uint64),
+        ("retprobe", ctypes.c_bool),
+        ("func_name", ctypes.c_char_p),
+    ]
 
 
 class _PerfEventAttr(ctypes.Structure):
@@ -75,9 +89,14 @@ def _library() -> ctypes.CDLL:
         "bpf_map__fd": (ctypes.c_int, [pointer]),
         "bpf_map__set_max_entries": (ctypes.c_int, [pointer, ctypes.c_uint32]),
         "bpf_map__max_entries": (ctypes.c_uint32, [pointer]),
+        "bpf_map__type": (ctypes.c_int, [pointer]),
         "bpf_map__set_initial_value": (ctypes.c_int, [pointer, pointer, sized]),
         "bpf_program__attach_perf_event": (pointer, [pointer, ctypes.c_int]),
         "bpf_program__attach": (pointer, [pointer]),
+        "bpf_program__attach_uprobe_opts": (
+            pointer,
+            [pointer, ctypes.c_int, ctypes.c_char_p, sized, pointer],
+        ),
         "bpf_link__destroy": (ctypes.c_int, [pointer]),
         "bpf_map_lookup_elem": (ctypes.c_int, [ctypes.c_int, pointer, pointer]),
         "bpf_map_update_elem": (ctypes.c_int, [ctypes.c_int, pointer, pointer, ctypes.c_uint64]),
@@ -129,14 +148,11 @@ class MapType:
 class Table:
     """One map of a loaded object, read and written as bcc's tables are."""
 
-    def __init__(self, lib: ctypes.CDLL, fd: int, types: MapType, entries: int) -> None:
-        self._lib, self._fd, self.Key, self.Leaf, self._entries = (
-            lib,
-            fd,
-            types.key,
-            types.value,
-            entries,
-        )
+    def __init__(
+        self, lib: ctypes.CDLL, fd: int, types: MapType, entries: int, array: bool
+    ) -> None:
+        self._lib, self._fd, self.Key, self.Leaf = lib, fd, types.key, types.value
+        self._entries, self._array = entries, array
 
     def _key(self, key: Any) -> Any:
         if isinstance(key, self.Key):
@@ -161,7 +177,10 @@ class Table:
             raise OSError(ctypes.get_errno(), f"bpf map update: {os.strerror(-result)}")
 
     def __len__(self) -> int:
-        return self._entries
+        """An array's capacity, a hash's entries (as bcc's tables)."""
+        if self._array:
+            return self._entries
+        return sum(1 for _ in self.keys())
 
     def keys(self) -> Iterator[Any]:
         previous, current = None, self.Key()
@@ -243,6 +262,7 @@ class CoreObject:
             self._lib.bpf_map__fd(handle),
             self._types[name],
             int(self._lib.bpf_map__max_entries(handle)),
+            int(self._lib.bpf_map__type(handle)) in ARRAY_TYPES,
         )
 
     def attach(self, program: str) -> None:
@@ -279,9 +299,37 @@ class CoreObject:
                 raise CoreUnavailable(f"perf event on CPU {cpu}: {reason}")
             self._links.append(int(link))  # the link owns the event: destroying it closes it
 
+    def attach_uprobe(
+        self, program: str, path: str, offset: int, pid: int, cookie: int, retprobe: bool = False
+    ) -> int:
+        """The program on one instruction of a file (its offset in the file), in one process;
+        the cookie is what the program's bpf_get_attach_cookie() returns there. The link's
+        handle, for destroy()."""
+        opts = _UprobeOpts(
+            sz=ctypes.sizeof(_UprobeOpts), bpf_cookie=cookie, retprobe=retprobe, func_name=None
+        )
+        link = self._lib.bpf_program__attach_uprobe_opts(
+            self._program(program), pid, path.encode(), offset, ctypes.byref(opts)
+        )
+        if not link:
+            raise CoreUnavailable(f"uprobe on {path}+{offset:#x}: {_errno()}")
+        self._links.append(int(link))
+        return int(link)
+
+    def destroy(self, links: list[int]) -> None:
+        """Detach these links at once: closing a uprobe's event waits in the kernel for an RCU
+        grace period, and the calls release the GIL, so from a thread each the waits overlap."""
+        mine = [link for link in links if link in self._links]
+        self._links = [link for link in self._links if link not in mine]
+        if len(mine) <= 1:
+            for link in mine:
+                self._lib.bpf_link__destroy(link)
+            return
+        with ThreadPoolExecutor(max_workers=min(32, len(mine))) as pool:
+            list(pool.map(self._lib.bpf_link__destroy, mine))
+
     def detach(self) -> None:
-        while self._links:
-            self._lib.bpf_link__destroy(self._links.pop())
+        self.destroy(list(self._links))
 
     def close(self) -> None:
         self.detach()

@@ -2,8 +2,9 @@
 
 Every mapped copy is probed: a process can map several copies of one runtime (torch's
 libgomp.so.1 beside scikit-learn's bundled libgomp-<hash>.so), and the copy that runs the
-regions is not always the one found first. Each copy gets its own entry handler in the program
-(on_entry_N), so that each region records which copy started it.
+regions is not always the one found first. Each region records which copy started it: under bcc
+each copy gets its own entry handler (on_entry_N), compiled in; the prebuilt CO-RE program has
+one entry handler, told the copy by each attachment's cookie.
 
 Entry points per runtime:
 - libgomp: GOMP_parallel and the GOMP_parallel_loop_* / GOMP_parallel_sections variants that
@@ -29,7 +30,8 @@ from .returns import TOOL_ERRORS, function_symbols, return_sites, symbol_address
 class RuntimeKind:
     pool: str  # the pool the report names: "openmp" or "openblas"
     entries: tuple[str, ...]  # entry symbols, the first one required
-    requested: str  # C expression for the team size asked for, 0 where none is passed
+    # Which argument register holds the team size asked for (1: the first), 0 where none does.
+    requested_arg: int
     gomp_end: bool  # the region ends at libgomp's team barrier
 
 
@@ -43,11 +45,11 @@ GOMP_ENTRIES = (
 )
 KINDS = {
     # GOMP_parallel*(fn, data, num_threads, ...): 0 threads means "the runtime's setting".
-    "libgomp": RuntimeKind("openmp", GOMP_ENTRIES, "PT_REGS_PARM3(ctx)", True),
-    "libiomp5": RuntimeKind("openmp", ("__kmpc_fork_call",), "0", False),
-    "libomp": RuntimeKind("openmp", ("__kmpc_fork_call",), "0", False),
+    "libgomp": RuntimeKind("openmp", GOMP_ENTRIES, 3, True),
+    "libiomp5": RuntimeKind("openmp", ("__kmpc_fork_call",), 0, False),
+    "libomp": RuntimeKind("openmp", ("__kmpc_fork_call",), 0, False),
     # exec_blas(num, queue): num pieces, one per thread of the pool that runs them.
-    "openblas": RuntimeKind("openblas", ("exec_blas",), "PT_REGS_PARM1(ctx)", False),
+    "openblas": RuntimeKind("openblas", ("exec_blas",), 1, False),
 }
 
 
@@ -87,19 +89,71 @@ class RuntimeProbes:
         }
 
 
+@dataclass(frozen=True)
+class Uprobe:
+    """One region probe, as either loader attaches it."""
+
+    path: str
+    address: int | None  # the file's virtual address; None: at `symbol` (its start, or return)
+    symbol: str
+    entry: bool  # a region's entry (else its end)
+    retprobe: bool  # a uretprobe on `symbol`
+    runtime: int  # the copy's index
+    requested_arg: int  # RuntimeKind.requested_arg, for an entry
+    what: str  # how the capture's list of attached probes names it
+
+    @property
+    def described(self) -> str:
+        return f"{'uretprobe' if self.retprobe else 'uprobe'}:{self.path}:{self.what}"
+
+
+def region_uprobes(copy: RuntimeProbes) -> list[Uprobe]:
+    """A copy's probes, the ends first: a region entered between an entry probe and its end
+    probe would never be seen to end."""
+    path, index, arg = copy.runtime.path, copy.index, copy.kind.requested_arg
+
+    def end(address: int | None, symbol: str, what: str, retprobe: bool = False) -> Uprobe:
+        return Uprobe(path, address, symbol, False, retprobe, index, 0, what)
+
+    probes: list[Uprobe] = []
+    if copy.end is not None:
+        what = f"{copy.end.address:#x} (region end, after the team barrier)"
+        probes.append(end(copy.end.address, "", what))
+    elif copy.returns:
+        # A uprobe on each `ret` rather than a uretprobe: see returns.py.
+        probes += [end(a, "", f"{a:#x} (return)") for a in copy.returns]
+    else:
+        probes += [end(None, e.symbol, e.symbol, retprobe=True) for e in copy.entries]
+    for entry in copy.entries:
+        if entry.point is not None:
+            what = f"{entry.address:#x} ({entry.symbol} entry, {entry.point.instruction})"
+            probes.append(Uprobe(path, entry.address, entry.symbol, True, False, index, arg, what))
+        else:
+            probes.append(Uprobe(path, None, entry.symbol, True, False, index, arg, entry.symbol))
+    return probes
+
+
 def handler_name(index: int) -> str:
     return f"on_entry_{index}"
+
+
+def requested_expression(arg: int) -> str:
+    """The team size as bcc's C reads it."""
+    return f"PT_REGS_PARM{arg}(ctx)" if arg else "0"
 
 
 def handler_source(runtimes: list[Runtime]) -> str:
     """One entry handler per copy (by its index in `runtimes`), appended to
     probes/openmp.bpf.c; written before the copies' symbols are read, so that the compile and
     the reading run side by side."""
-    return "".join(
-        f"\nint {handler_name(i)}(struct pt_regs *ctx) {{\n"
-        f"    return region_entry({i}, (u32)({KINDS[r.name].requested}));\n}}\n"
-        for i, r in enumerate(runtimes)
-    )
+    handlers = []
+    for i, r in enumerate(runtimes):
+        requested = requested_expression(KINDS[r.name].requested_arg)
+        handlers.append(
+            f"\nint {handler_name(i)}(struct pt_regs *ctx) {{\n"
+            f"    return region_entry({i}, (u32)({requested}));\n}}\n"
+        )
+    return "".join(handlers)
 
 
 def find_symbol(path: str, symbol: str) -> tuple[str, int] | None:

@@ -215,6 +215,15 @@ def symbol_address(path: str, symbol: str) -> int | None:
     return function_symbols(path).get(symbol)
 
 
+def file_offset(path: str, address: int) -> int:
+    """Where an address of the file's code lies in the file, as libbpf's uprobes take it (bcc
+    converts its `addr` itself)."""
+    for start, end, offset in _code(*_identity(path))[2]:
+        if start <= address < end:
+            return address - start + offset
+    raise UnreadableCode(f"{path}: {address:#x} is in no executable section")
+
+
 def extent_of(address: int, extents: list[tuple[int, int]]) -> tuple[int, int] | None:
     for start, end in extents:
         if start <= address < end:

@@ -76,7 +76,10 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         struct thread_time zero = {};
         struct thread_time *t = times.lookup_or_try_init(&prev, &zero);
         if (t) {
-            u32 voluntary = args->prev_state != 0;  // TASK_RUNNING (0) means preempted
+            // Voluntary as the kernel counts it (nvcsw): given up in a state other than
+            // running. The tracepoint reports a kernel preemption as TASK_REPORT_MAX (0x100),
+            // above every state bit; running (0) is a preemption on the way to user space.
+            u32 voluntary = (args->prev_state & 0xff) != 0;
             if (t->last_in_ns) {
                 t->oncpu_ns += now - t->last_in_ns;
                 if (SLICE_CAPACITY > 1)
