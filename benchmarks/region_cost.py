@@ -15,6 +15,8 @@ profkit's region program is attached to it in successively larger parts:
     walker            the whole region program as a capture loads it
     + sampler         with the on-CPU sampler (cpu-clock, 49 Hz) on every CPU
     + scheduler       and the scheduler tracepoints in the same program
+    CO-RE walker      the prebuilt CO-RE program's region probes and walker (libbpf)
+    CO-RE + sampler   and its on-CPU sampler
 
 Windows alternate, every part once per round, with two bare windows per round (bare and its
 A/A control). Prints the median CPU per copy of each part over the rounds and what each part adds
@@ -35,10 +37,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads its Op
 
 import torch
 
+from profkit.capture.ebpf.core_program import entry_cookie, load_process
+from profkit.capture.ebpf.libbpf import CoreObject
 from profkit.capture.ebpf.loader import BpfProgram, load_bcc
 from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
 from profkit.capture.ebpf.programs import OpenMPProgram, SchedProgram
 from profkit.capture.ebpf.pywalk import compile_flags
+from profkit.capture.ebpf.returns import file_offset
 from profkit.host.pyruntime import detect, thread_states
 from profkit.host.target import Runtime
 
@@ -64,7 +69,7 @@ def cpu_per_copy(
 
 
 class Part:
-    def __init__(self, name: str, attach: Callable[[], BpfProgram | None]) -> None:
+    def __init__(self, name: str, attach: Callable[[], BpfProgram | CoreObject | None]) -> None:
         self.name = name
         self.attach = attach
         self.per_copy: list[float] = []
@@ -111,6 +116,18 @@ def main() -> int:
             bpf.attach_uprobe(name=path, addr=end.address, fn_name="on_region_return", pid=pid)
         return bpf
 
+    def core(sample: bool = False) -> CoreObject:
+        program = load_process(pid, layout, 1, 1 << 18, 1, 0)
+        table = program["tstates"]
+        for tid, tstate in thread_states(pid, layout).items():
+            table[table.Key(tid)] = table.Leaf(tstate)
+        start = file_offset(path, entry.address)
+        program.attach_uprobe("on_region_entry", path, start, pid, entry_cookie(0, 3))
+        program.attach_uprobe("on_region_return", path, file_offset(path, end.address), pid, 0)
+        if sample:
+            program.attach_cpu_clock("on_cpu_sample", SAMPLE_HZ)
+        return program
+
     runtimes = (Runtime("libgomp", path),)
     regions = OpenMPProgram(runtimes, tgid=pid).source()
     with_sched = OpenMPProgram(runtimes, tgid=pid, sched=SchedProgram(pid)).source()
@@ -124,6 +141,8 @@ def main() -> int:
         Part("walker", lambda: attached(load(regions, walker))),
         Part("+ sampler", lambda: attached(load(regions, walker, sample=True))),
         Part("+ scheduler", lambda: attached(load(with_sched, walker, sample=True))),
+        Part("CO-RE walker", core),
+        Part("CO-RE + sampler", lambda: core(sample=True)),
         Part("bare (A/A)", lambda: None),
     ]
     source = torch.ones(256 * 1024, dtype=torch.uint8)
@@ -146,7 +165,9 @@ def main() -> int:
                     counted = int(bpf["region_count"][0].value)
                     part.regions_per_copy.append(counted / copies)
             finally:
-                if bpf is not None:
+                if isinstance(bpf, CoreObject):
+                    bpf.close()
+                elif bpf is not None:
                     bpf.cleanup()
     bare = statistics.median(parts[0].per_copy)
     print(f"{'part':<18} {'us/copy':>8} {'+us/region':>11}   windows (us/copy)")

@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 method = next(iter({r["method"] for r in rows.values()}), "none")
                 samples = sum(r["samples"] for r in rows.values())
+                regions = " ".join(f"{r['regions']}" for r in (rows.get(s, {}) for s in SITES) if r)
+                with_stack = (
+                    f"{pools[0]['regions_with_stack']}/{pools[0]['regions']}" if pools else "-"
+                )
                 loader = (ebpf.get("loader") or {}).get("name", "-")
                 if not ebpf:
                     manifest = json.loads((out / "manifest.json").read_text())
@@ -98,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"capture {capture}: prompt {prompt_s:.1f} s (window {args.duration:g} s) "
                     f"loader={loader} method={method} "
                     f"pool_cores={pool_cores} samples={samples} {shares} "
+                    f"regions={regions or '-'} with_stack={with_stack} "
                     f"uncertainty={first.get('uncertainty', '-')}",
                     flush=True,
                 )

@@ -230,7 +230,14 @@ def test_signal_to_a_child_tool(
     _, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["status"] == "complete"
+    # A capture that ended early says why, and whether the target was still there.
+    assert manifest["status"] == "complete", (
+        manifest["status"],
+        manifest.get("status_reason"),
+        manifest.get("window"),
+        f"target exit status {recipe.process.poll()}",
+        err[-2000:],
+    )
     for other in ("ebpf", "proc", "cgroup"):
         assert manifest["collectors"][other]["status"] == "ok", other
     _target_is_running(recipe.pid)

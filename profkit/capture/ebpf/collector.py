@@ -55,6 +55,14 @@ WALKER_HIT_S = 1.4e-6
 IN_PLACE = 5.0
 
 
+def _bcc_loads() -> bool:
+    try:
+        load_bcc()
+    except BccUnavailable:
+        return False
+    return True
+
+
 class EbpfCollector:
     name = "ebpf"
 
@@ -132,7 +140,7 @@ class EbpfCollector:
             try:
                 self._start_core(context)
             except libbpf.CoreUnavailable as exc:
-                if asked != "auto":
+                if asked != "auto" or not _bcc_loads():
                     raise
                 # A kernel that refuses the prebuilt object (an old one without attach
                 # cookies) may still take what bcc compiles for it.

@@ -38,8 +38,7 @@ from .returns import (
     TOOL_ERRORS,
     Instruction,
     disassemble,
-    extent_of,
-    function_extents,
+    extent_at,
     symbol_address,
 )
 
@@ -73,7 +72,7 @@ def _point(instruction: Instruction) -> ProbePoint:
 
 
 def _code(path: str, address: int) -> tuple[tuple[int, int], list[Instruction]] | None:
-    extent = extent_of(address, function_extents(path))
+    extent = extent_at(path, address)
     if extent is None:
         return None
     return extent, disassemble(path, *extent)

@@ -23,6 +23,7 @@ was where readelf and objdump were missing.
 
 from __future__ import annotations
 
+import bisect
 import io
 import os
 import stat
@@ -139,20 +140,24 @@ class _FrameRanges(CallFrameInfo):
 
 
 # Elf32_Sym and Elf64_Sym: the layout, and where the name, info, section index and value lie.
-SYMBOL_LAYOUTS = {32: ("IIIBBH", (0, 3, 5, 1)), 64: ("IBBHQQ", (0, 1, 3, 4))}
+# struct.Struct layout of an ElfN_Sym, and where its name, info, section, value and size lie.
+SYMBOL_LAYOUTS = {32: ("IIIBBH", (0, 3, 5, 1, 2)), 64: ("IBBHQQ", (0, 1, 3, 4, 5))}
 STT_FUNC = 2
 SHN_UNDEF = 0
 
 
 @lru_cache(maxsize=16)
-def _functions(path: str, size: int, mtime_ns: int) -> dict[str, int]:
+def _symbols(
+    path: str, size: int, mtime_ns: int
+) -> tuple[dict[str, int], tuple[tuple[int, int], ...]]:
     """Every defined function symbol (dynamic, then, where present, static) by name, the first
-    of a name kept. pyelftools finds the tables; their entries are unpacked with struct, as a
-    pyelftools Symbol object per entry costs far more on a large library
-    (docs/results/own-cost.md#start-up)."""
+    of a name kept; and the extents of those with a size, sorted. pyelftools finds the tables;
+    their entries are unpacked with struct, as a pyelftools Symbol object per entry costs far
+    more on a large library (docs/results/own-cost.md#start-up)."""
     functions: dict[str, int] = {}
+    sized: set[tuple[int, int]] = set()
     with _elf(path) as elf:
-        layout, (name_at, info_at, index_at, value_at) = SYMBOL_LAYOUTS[elf.elfclass]
+        layout, (name_at, info_at, index_at, value_at, size_at) = SYMBOL_LAYOUTS[elf.elfclass]
         entry = struct.Struct(("<" if elf.little_endian else ">") + layout)
         for kind in ("SHT_DYNSYM", "SHT_SYMTAB"):
             for table in elf.iter_sections(kind):
@@ -164,12 +169,18 @@ def _functions(path: str, size: int, mtime_ns: int) -> dict[str, int]:
                     start = fields[name_at]
                     if fields[info_at] & 0xF != STT_FUNC or fields[index_at] == SHN_UNDEF:
                         continue
+                    if fields[size_at]:
+                        sized.add((fields[value_at], fields[value_at] + fields[size_at]))
                     end = names.find(b"\0", start)
                     name = names[start : end if end >= 0 else len(names)].decode(errors="replace")
                     # A static table may spell a versioned definition "name@VERSION".
                     if name := name.split("@")[0]:
                         functions.setdefault(name, fields[value_at])
-    return functions
+    return functions, tuple(sorted(sized))
+
+
+def _functions(path: str, size: int, mtime_ns: int) -> dict[str, int]:
+    return _symbols(path, size, mtime_ns)[0]
 
 
 @lru_cache(maxsize=16)
@@ -222,6 +233,17 @@ def file_offset(path: str, address: int) -> int:
         if start <= address < end:
             return address - start + offset
     raise UnreadableCode(f"{path}: {address:#x} is in no executable section")
+
+
+def extent_at(path: str, address: int) -> tuple[int, int] | None:
+    """The function holding an address: from the symbol tables' sizes where a symbol covers it,
+    else from the unwind tables (a stripped local function). Reading every FDE of a large
+    library (OpenBLAS has 11 700) costs about a second, so they are read only when needed."""
+    sized = _symbols(*_identity(path))[1]
+    at = bisect.bisect_right(sized, (address, 1 << 64)) - 1
+    if at >= 0 and sized[at][0] <= address < sized[at][1]:
+        return sized[at]
+    return extent_of(address, function_extents(path))
 
 
 def extent_of(address: int, extents: list[tuple[int, int]]) -> tuple[int, int] | None:
@@ -350,7 +372,6 @@ def return_sites(path: str, symbol: str) -> list[int] | None:
     into the PLT; None when unsure."""
     try:
         entry = symbol_address(path, symbol)
-        extents = function_extents(path)
         plt = plt_ranges(path)
     except TOOL_ERRORS:
         return None
@@ -358,7 +379,10 @@ def return_sites(path: str, symbol: str) -> list[int] | None:
         return None
     pending, seen, returns = [entry], set(), []
     while pending:
-        extent = extent_of(pending.pop(), extents)
+        try:
+            extent = extent_at(path, pending.pop())
+        except TOOL_ERRORS:
+            return None
         if extent is None:
             return None
         if extent in seen:
