@@ -244,7 +244,7 @@ class EbpfCollector:
             for copy in probes:
                 self._attach_regions(copy)
         except Exception:
-            self.cleanup()
+            self.cleanup(wait=True)
             raise
 
     def wait_started(self, stop: threading.Event) -> None:
@@ -264,7 +264,8 @@ class EbpfCollector:
             self._judged.set()
 
     def _reset_for_bcc(self, why: str) -> None:
-        self.cleanup()
+        # bcc's uprobes cannot share an instruction with libbpf's (docs/install.md): gone first.
+        self.cleanup(wait=True)
         self.loader = "bcc"
         self.warnings = [why]
         self.attached = []
@@ -303,7 +304,7 @@ class EbpfCollector:
             for copy in probes:
                 self._attach_regions(copy)
         except Exception:
-            self.cleanup()
+            self.cleanup(wait=True)
             raise
 
     @property
@@ -356,7 +357,7 @@ class EbpfCollector:
             for copy in probes:
                 self._attach_regions(copy)
         except Exception:
-            self.cleanup()
+            self.cleanup(wait=True)
             raise
 
     def _attach_sampler(self, bcc: ModuleType, bpf: BpfProgram) -> None:
@@ -519,6 +520,10 @@ class EbpfCollector:
         self._judged.wait(timeout=5)  # a window cut short by a signal may end before the check
         self._stop_cycle()
         end_ns = self._context.clock()
+        if self._core is not None:
+            # Every probe off as the window ends; the kernel's waits for their closes overlap
+            # the reading below and the report (the maps stay readable).
+            self._core.detach(wait=False)
         payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
         # Off-CPU time per (Python stack, thread); the intervals still open at the window's end
         # are closed here, as the threads' on/off-CPU times are.
@@ -749,15 +754,17 @@ class EbpfCollector:
             self.slices["tid"].append(v.tid)
             self.slices["voluntary"].append(v.voluntary)
 
-    def cleanup(self) -> None:
-        """Detach every probe; safe to call more than once."""
+    def cleanup(self, wait: bool = False) -> None:
+        """Detach every probe; safe to call more than once. The CO-RE object's links close on a
+        thread of their own unless `wait`: the probes stop as their closes begin, and the
+        kernel's grace periods after that need not hold up the report (libbpf.py)."""
         self._judged.wait(timeout=5)  # the rate check reads and detaches the region probes
         self._stop_cycle()
         if self.walker is not None:
             self.walker.halt()
         self._sched_bpf = self._process = None
         if self._core is not None:
-            self._core.close()  # its links at once, region probes included
+            self._core.close(wait=wait)  # its links at once, region probes included
             self._core = None
         while self._bpf:
             bpf = self._bpf.pop()

@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -220,6 +221,7 @@ class CoreObject:
         if not self._object:
             raise CoreUnavailable(f"libbpf could not open {name}: {_errno()}")
         self._links: list[int] = []
+        self._pending: list[threading.Thread] = []  # detaches still waiting in the kernel
         self._types = types
         try:
             rodata = self._internal_map(".rodata")
@@ -316,23 +318,55 @@ class CoreObject:
         self._links.append(int(link))
         return int(link)
 
-    def destroy(self, links: list[int]) -> None:
-        """Detach these links at once: closing a uprobe's event waits in the kernel for an RCU
-        grace period, and the calls release the GIL, so from a thread each the waits overlap."""
+    def destroy(self, links: list[int], wait: bool = True) -> None:
+        """Detach these links at once: closing a uprobe's event waits in the kernel for RCU
+        grace periods (0.6 s here, 1-2 s on a 16-CPU host), and the calls release the GIL, so
+        from a thread each the waits overlap. The breakpoints themselves are gone within a
+        millisecond of the close, before the waits (docs/results/core-loader.md), so with
+        wait=False the waits run on a thread of their own and the caller goes on; close()
+        waits for them."""
         mine = [link for link in links if link in self._links]
         self._links = [link for link in self._links if link not in mine]
-        if len(mine) <= 1:
-            for link in mine:
-                self._lib.bpf_link__destroy(link)
+        if not mine:
             return
-        with ThreadPoolExecutor(max_workers=min(32, len(mine))) as pool:
-            list(pool.map(self._lib.bpf_link__destroy, mine))
+        if wait:
+            self._destroy_now(mine)
+            return
+        thread = threading.Thread(
+            target=self._destroy_now, args=(mine,), name="profkit-bpf-detach", daemon=False
+        )
+        thread.start()
+        self._pending.append(thread)
 
-    def detach(self) -> None:
-        self.destroy(list(self._links))
+    def _destroy_now(self, links: list[int]) -> None:
+        if len(links) == 1:
+            self._lib.bpf_link__destroy(links[0])
+            return
+        with ThreadPoolExecutor(max_workers=min(32, len(links))) as pool:
+            list(pool.map(self._lib.bpf_link__destroy, links))
 
-    def close(self) -> None:
-        self.detach()
+    def detach(self, wait: bool = True) -> None:
+        self.destroy(list(self._links), wait=wait)
+
+    def close(self, wait: bool = True) -> None:
+        """Detach everything and free the object. wait=False: the links' closes start now (the
+        probes stop at once) and the kernel's waits, then the freeing, finish on a thread that
+        the interpreter joins before it exits."""
+        if not wait:
+            links, self._links = self._links, []
+            thread = threading.Thread(
+                target=self._close_after, args=(links,), name="profkit-bpf-close", daemon=False
+            )
+            thread.start()
+            return
+        self._close_after(list(self._links))
+
+    def _close_after(self, links: list[int]) -> None:
+        if links:
+            self._destroy_now(links)
+        for thread in self._pending:
+            thread.join()
+        self._pending = []
         if self._object:
             self._lib.bpf_object__close(self._object)
             self._object = None

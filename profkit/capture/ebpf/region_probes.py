@@ -95,5 +95,7 @@ class CoreRegionProbes:
             self._links[entry] += links
 
     def detach(self, entries: bool) -> None:
+        # The probes stop as the closes begin; the kernel's waits after that need not hold up
+        # the window (libbpf.CoreObject.destroy).
         links, self._links[entries] = self._links[entries], []
-        self._core.destroy(links)
+        self._core.destroy(links, wait=False)
