@@ -396,9 +396,19 @@ def by_stack(
     known = stacks >= 0
     if not known.any():
         return None
+    sampled = (
+        None if len(sched.slice_tid) else _worker_samples_per_region(sched, workers, starts, ends)
+    )
     if len(sched.slice_tid):
         worker_ns = _worker_time_per_region(sched, workers, starts, window)
         weighed = ""
+    elif sampled is not None and sched.dispatched is not None:
+        worker_ns = sampled
+        count = round(float(sampled.sum()) * sched.dispatched.rate_hz / 1e9)
+        weighed = (
+            f" (regions weighed by their workers' {count} on-CPU samples inside them: the "
+            "scheduler was not traced)"
+        )
     else:
         worker_ns = (np.minimum(ends, window[1]) - np.maximum(starts, window[0])).astype(float)
         weighed = " (regions weighed by length: the scheduler was not traced)"
@@ -432,6 +442,9 @@ def by_stack(
         sites.append(
             SiteShare(site, op, op_source, share, share * pool_cores, regions[site], 0, code, stack)
         )
+    interval = _region_interval(
+        starts[known], worker_ns[known], [site_of[int(i)] for i in stacks[known]]
+    )
     probed = probed_share(sched, window)
     reason = (
         f"{int(known.sum())} of {len(stacks)} regions carry their Python stack (eBPF walker)"
@@ -442,16 +455,69 @@ def by_stack(
             if probed < 1.0
             else ""
         )
+        + ("; too few regions to bound the split" if interval >= 1.0 else "")
     )
     return Attribution(
         "stack",
         reason,
-        max(0.0, 1.0 - labelled),
+        min(1.0, interval + max(0.0, 1.0 - labelled)),
         labelled,
         tuple(sites),
         regions=len(stacks),
         regions_with_stack=int(known.sum()),
     )
+
+
+# Fewer in-region worker samples than this: the regions are weighed by length instead.
+MIN_REGION_SAMPLES = 50
+
+
+def _worker_samples_per_region(
+    sched: EbpfData, workers: set[int], starts: np.ndarray, ends: np.ndarray
+) -> np.ndarray | None:
+    """Each region's worker CPU from the eBPF sampler's samples of the pool's workers inside it
+    (ns, at the sampling period), where the scheduler was not traced. A region's length takes
+    in whatever stopped the pool meanwhile (a CPU quota's throttled gap: 88 ms of each 100 in a
+    2-core quota with 16 threads); a cpu-clock sample is taken only on a CPU. None with too few
+    samples inside regions."""
+    samples = sched.dispatched
+    if samples is None or not len(samples.t_ns) or not len(starts) or samples.rate_hz <= 0:
+        return None
+    mine = np.isin(samples.tid, list(workers)) if workers else np.ones(len(samples.tid), bool)
+    times = samples.t_ns[mine]
+    index = np.searchsorted(starts, times, side="right") - 1
+    inside = (index >= 0) & (times <= ends[np.clip(index, 0, len(ends) - 1)])
+    if int(inside.sum()) < MIN_REGION_SAMPLES:
+        return None
+    period_ns = 1e9 / samples.rate_hz
+    return np.bincount(index[inside], minlength=len(starts)).astype(float) * period_ns
+
+
+def _region_interval(starts: np.ndarray, weights: np.ndarray, sites: list[Frame]) -> float:
+    """A 95% interval of the largest share of a split by regions. Every region is counted, but
+    their weights are not a fixed truth: a region's length takes in a throttled gap of a CPU
+    quota, and a worker's time the spin after it, unevenly. The regions, in time order, are cut
+    into groups; the groups' shares vary as much as the split really does (batch means). 1 with
+    too few regions to form five groups of two."""
+    groups = min(INTERVAL_BLOCKS, len(starts) // 2)
+    if groups < 5:
+        return 1.0
+    columns = {site: i for i, site in enumerate(dict.fromkeys(sites))}
+    order = np.argsort(starts, kind="stable")
+    column = np.array([columns[site] for site in sites])[order]
+    weight = weights[order]
+    shares = []
+    for chunk in np.array_split(np.arange(len(order)), groups):
+        total = float(weight[chunk].sum())
+        if total > 0:
+            shares.append(
+                np.bincount(column[chunk], weights=weight[chunk], minlength=len(columns)) / total
+            )
+    if len(shares) < 5:
+        return 1.0
+    spread = np.std(np.array(shares), axis=0, ddof=1) / math.sqrt(len(shares))
+    t95 = 2.09 if len(shares) >= 20 else 2.26 if len(shares) >= 10 else 2.78  # Student's t, 95%
+    return float(min(1.0, t95 * spread.max()))
 
 
 def _in_runtime(native: PerfSamples, stack: int) -> bool:

@@ -87,9 +87,12 @@ def test_three_sites_at_default_settings(
     assert {r["method"] for r in rows.values()} == {"stack"}
     # Region counts in the recipe's ratio: only the rounds cut by the window's edges differ.
     assert_ratio({site: rows[site]["regions"] for site in SITES}, 0.01)
-    # The same copy at each site: the pool's CPU splits the same way.
+    # The same copy at each site: the pool's CPU splits the same way, within what the capture
+    # can tell (where the scheduler was not traced, the workers' samples inside the regions
+    # weigh them, and the interval says how many there were).
     for site, weight in SITES.items():
-        assert rows[site]["share"] == pytest.approx(weight / 6, abs=0.05), rows
+        bound = max(0.05, 1.5 * rows[site]["uncertainty"])
+        assert abs(rows[site]["share"] - weight / 6) <= bound, rows
         line = line_of("# " + site.replace("_", " "))
         assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
     pool = next(p for p in report["pools"] if p["runtime"] == "openmp")

@@ -155,3 +155,60 @@ def test_bursts_widen_the_interval_past_the_binomial() -> None:
     binomial = 1.96 * (0.25 / 200) ** 0.5
     # 20 draws: about sqrt(200 / 20) = 3.2 times the binomial half-width of 200.
     assert result.uncertainty > 3 * binomial, (result.uncertainty, binomial)
+
+
+def test_the_stack_methods_interval_says_how_many_regions_it_stands_on() -> None:
+    """Every region counted and carrying its stack: one region is no split at all, and regions
+    of two sites in turn, evenly spaced, split tightly."""
+    one = attribute(None, sched_with([], regions=([100], [0])), {1}, WORKERS, 1.0, WINDOW, [])
+    assert one.method == "stack" and one.uncertainty == 1.0
+    assert "too few regions to bound the split" in one.reason
+    even = attribute(None, sched_with([], regions=ALTERNATING), {1}, WORKERS, 1.0, WINDOW, [])
+    assert even.method == "stack" and even.uncertainty < 0.01, even.uncertainty
+    assert {s.site: round(s.share, 3) for s in even.sites} == {SITE_A: 0.5, SITE_B: 0.5}
+
+
+# Two sites in turn, 200 regions 5 ns long and 10 ns apart; three of site B's regions span a
+# throttled gap of 2 000 ns, in which no thread of the pool runs.
+ALTERNATING = ([100 + 10 * i for i in range(200)], [i % 2 for i in range(200)])
+GAPPED = (7, 61, 123)
+
+
+def gapped(samples: bool) -> EbpfData:
+    sched = sched_with([], regions=ALTERNATING)
+    ends = sched.region_end.copy()
+    ends[list(GAPPED)] += 2_000
+    sched = replace(sched, region_end=ends)
+    if not samples:
+        return sched
+    # The workers sampled on a CPU: twice in each region, never in a gap.
+    times = ns([t + d for t in ALTERNATING[0] for d in (1, 3)])
+    count = len(times)
+    return replace(
+        sched,
+        dispatched=DispatchedSamples(
+            t_ns=times,
+            tid=ns([11 + i % 2 for i in range(count)]),
+            dispatcher=ns([1] * count),
+            how=ns([1] * count),
+            stack=ns([-1] * count),
+            rate_hz=499,
+        ),
+    )
+
+
+def test_regions_weighed_by_their_workers_samples_not_a_throttled_gap() -> None:
+    """The scheduler not traced: by length, the three gapped regions give site B 93%, and the
+    interval from groups of regions widens; by the workers' samples inside the regions, which a
+    throttled pool never takes, the split is the work's, 50/50."""
+    by_length = attribute(None, gapped(samples=False), {1}, WORKERS, 1.0, WINDOW, [])
+    shares = {s.site: s.share for s in by_length.sites}
+    assert shares[SITE_B] > 0.9 and by_length.uncertainty > 0.05, (shares, by_length.uncertainty)
+    assert "weighed by length" in by_length.reason
+    by_samples_inside = attribute(None, gapped(samples=True), {1}, WORKERS, 1.0, WINDOW, [])
+    assert by_samples_inside.method == "stack"
+    assert "400 on-CPU samples inside them" in by_samples_inside.reason, by_samples_inside.reason
+    assert {s.site: round(s.share, 3) for s in by_samples_inside.sites} == {
+        SITE_A: 0.5,
+        SITE_B: 0.5,
+    }
