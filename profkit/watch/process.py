@@ -111,6 +111,8 @@ class WatchedProcess:
     # detached by the loader as soon as the load ends.
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _probe_ready: bool = False
+    # When the probe's baseline was taken: the window it falls in has regions for its rest only.
+    _ready_s: float = 0.0
     _loading: bool = False
     _closed: bool = False
 
@@ -178,6 +180,7 @@ class WatchedProcess:
         self._stacks = {i: c.region_ns for i, (c, _) in stacks.items()}
         self._with_stack = _regions_with_frames(stacks)
         self._walks = self.probe.walk_counts()
+        self._ready_s = time.monotonic()
 
     def look_for_runtime(self) -> bool:
         """Read the process's maps again; True once it has loaded an OpenMP runtime, with a
@@ -285,13 +288,8 @@ class WatchedProcess:
             key = site_key(frames)
             site_ns[key] = site_ns.get(key, 0.0) + grown
             site_stacks.setdefault(key, frames)
-        total_ns = sum(site_ns.values())
-        if total_ns > 0:
-            site_cpu = {k: pool_cpu * ns / total_ns for k, ns in site_ns.items()}
-        elif pool_cpu > 0:
-            site_cpu = {SiteKey(UNKNOWN_SITE, "", ""): pool_cpu}
-        else:
-            site_cpu = {}
+        probed = probed_share(self._ready_s, self._last_s, now)
+        site_cpu = split_pool_cpu(pool_cpu, site_ns, probed)
         with_stack = _regions_with_frames(stacks)
         walks = self.probe.walk_counts() if ready else {}
         failures = {
@@ -337,3 +335,28 @@ def site_key(frames: tuple[Frame, ...]) -> SiteKey:
     inner = frames[-1]
     op, _ = resolve_op(Counter(), [], inner.code)
     return SiteKey(f"{inner.file}:{inner.line}", inner.function, op or "")
+
+
+def probed_share(ready_s: float, window_start_s: float, now_s: float) -> float:
+    """The part of a window the probe counted regions in: the probe may become ready (a bcc
+    compile takes seconds) partway through the window."""
+    if ready_s <= window_start_s or now_s <= window_start_s:
+        return 1.0
+    return max(0.0, min(1.0, (now_s - ready_s) / (now_s - window_start_s)))
+
+
+def split_pool_cpu(
+    pool_cpu: float, site_ns: dict[SiteKey, float], probed: float
+) -> dict[SiteKey, float]:
+    """The pool's CPU by site in proportion to region time; where the regions were counted for
+    part of the window only, the rest of its CPU is the unknown site's (given to the sites seen
+    late in the window, a few regions of one site would take all of it)."""
+    total_ns = sum(site_ns.values())
+    if total_ns <= 0:
+        return {SiteKey(UNKNOWN_SITE, "", ""): pool_cpu} if pool_cpu > 0 else {}
+    placed = pool_cpu * probed
+    split = {k: placed * ns / total_ns for k, ns in site_ns.items()}
+    if pool_cpu - placed > 0:
+        unknown = SiteKey(UNKNOWN_SITE, "", "")
+        split[unknown] = split.get(unknown, 0.0) + pool_cpu - placed
+    return split

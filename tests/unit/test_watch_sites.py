@@ -74,3 +74,20 @@ def test_regions_with_their_stack_and_the_walkers_misses() -> None:
     assert samples[("profkit_pool_regions_with_stack", "")] == 187
     assert samples[("profkit_walker_regions_without_stack", "no_thread_state")] == 11
     assert samples[("profkit_walker_regions_without_stack", "read_failures")] == 2
+
+
+def test_a_window_the_probe_became_ready_in_gives_sites_only_its_rest() -> None:
+    """The probe ready 0.9 s into a 1-s window: its regions cover the last 0.1 s, so they place
+    a tenth of the window's pool CPU; the rest is the unknown site's, not the few regions' seen
+    at the end (before, a bcc compile ending late in a window could hand one site the whole
+    window)."""
+    from profkit.watch.process import UNKNOWN_SITE, probed_share, split_pool_cpu
+
+    late = probed_share(ready_s=10.9, window_start_s=10.0, now_s=11.0)
+    assert late == pytest.approx(0.1)
+    assert probed_share(ready_s=5.0, window_start_s=10.0, now_s=11.0) == 1.0
+    two = SiteKey("app.py:2", "site_two", "aten::copy_")
+    split = split_pool_cpu(1.0, {two: 2e6}, late)
+    assert split[two] == pytest.approx(0.1)
+    assert split[SiteKey(UNKNOWN_SITE, "", "")] == pytest.approx(0.9)
+    assert split_pool_cpu(1.0, {two: 2e6}, 1.0) == {two: 1.0}
