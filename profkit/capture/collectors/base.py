@@ -15,8 +15,9 @@ from ..clock import Clock
 
 PythonStacks = Literal["auto", "off"]
 EbpfSched = Literal["auto", "on", "off"]
-# How the eBPF programs load: bcc compiles them on the node (headers and a compiler there), or
-# the prebuilt CO-RE object loads through libbpf (BTF is enough); auto takes CO-RE wherever it loads.
+# How the eBPF programs load: bcc compiles them on the node (headers and a compiler there),
+# or the prebuilt CO-RE object loads through libbpf (BTF is enough); auto takes CO-RE
+# wherever it loads.
 EbpfLoader = Literal["auto", "core", "bcc"]
 PerfCallgraph = Literal["fp", "dwarf"]
 
