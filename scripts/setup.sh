@@ -80,6 +80,10 @@ make_venv() {
     "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[dev]'
     touch "$stamp"
   fi
+  # An editable install leaves profkit's own modules uncompiled, and where bytecode is not
+  # written (PYTHONDONTWRITEBYTECODE) every command would compile them again, as a wheel's
+  # install would not: compiled here, each time, as stale files are recompiled only.
+  "$VENV/bin/python" -m compileall -q profkit >/dev/null
 }
 
 install_speedscope() {

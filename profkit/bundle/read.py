@@ -12,6 +12,7 @@ from typing import Literal, TypedDict
 import numpy as np
 
 from ..errors import BadBundle
+from .frames import Frame
 from .load import (
     MIN_CORES,
     BundleFiles,
@@ -40,24 +41,6 @@ class ProcSeries:
     process_t_ns: np.ndarray
     process_ticks: np.ndarray
     full_t_ns: np.ndarray  # the sample times at which every thread was read
-
-
-@dataclass(frozen=True)
-class Frame:
-    """A frame of a stack, Python or native, as every part of profkit names one."""
-
-    file: str  # a .py path for Python frames, the DSO path for native ones
-    function: str  # the function's qualified name, or the native symbol
-    line: int  # 0 where none (native frames)
-    code: str | None = None  # the source line, read from the target's file at capture
-
-    @property
-    def is_python(self) -> bool:
-        return self.file.endswith(".py")
-
-    @property
-    def label(self) -> str:
-        return f"{self.file}:{self.line}"
 
 
 PythonSource = Literal["py-spy", "ebpf"]

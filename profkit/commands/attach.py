@@ -23,7 +23,7 @@ from ..capture.session import CaptureRequest, capture
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ..host.target import Target, inspect
 from .options import capture_options, pid_option
-from .output import print_outcome, progress_printer
+from .output import import_report_meanwhile, print_outcome, progress_printer
 
 
 def run_capture(
@@ -83,6 +83,8 @@ def run_capture(
         force=force,
         unavailable=plan.unavailable,
     )
+    if not no_report:
+        import_report_meanwhile()
     manifest = capture(request, on_tick=progress_printer())
     for other in manifest.get("overlapped_with", []):
         click.echo(

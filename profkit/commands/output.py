@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
@@ -23,6 +25,22 @@ def write_output(path: str | Path, data: str | bytes, mode: int = 0o600) -> None
         replace_file(path, data, mode)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror}") from exc
+
+
+# What print_outcome imports for the report, a tenth of a second or more.
+REPORT_MODULES = ("profkit.analysis.pipeline", "profkit.render.text")
+
+
+def import_report_meanwhile() -> None:
+    """Import the report's modules on a thread of their own while the capture starts (its
+    start-up waits on the probes' rate check), rather than between the window's end and the
+    prompt."""
+
+    def load() -> None:
+        for name in REPORT_MODULES:
+            importlib.import_module(name)
+
+    threading.Thread(target=load, name="profkit-report-imports", daemon=True).start()
 
 
 def print_outcome(directory: Path, manifest: dict, report: bool) -> None:

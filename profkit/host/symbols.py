@@ -36,6 +36,10 @@ _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _STT_FUNC, _STT_GNU_IFUNC = 2, 10
+# A symbol name is read in chunks up to its NUL, and cut at this length (mangled C++ names run
+# to a few KiB).
+NAME_CHUNK_BYTES = 512
+MAX_NAME_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,13 @@ class FileSymbols:
 
     starts: np.ndarray
     ends: np.ndarray
-    names: np.ndarray  # offsets into strings
-    strings: bytes
+    names: np.ndarray  # offsets into the string table
+    # The string table is not read whole (libtorch's is some 70 MiB): a name is read from the
+    # open file when asked for, never through a mapping of a file the target's user may
+    # truncate under it.
+    file: BinaryIO | None
+    strings_at: int
+    strings_size: int
     loads: tuple[tuple[int, int, int], ...]  # (file offset, size, vaddr) per PT_LOAD
 
     def name_at(self, file_offset: int) -> str | None:
@@ -58,9 +67,26 @@ class FileSymbols:
         index = int(np.searchsorted(self.starts, vaddr, side="right")) - 1
         if index < 0 or vaddr >= max(int(self.ends[index]), int(self.starts[index]) + 1):
             return None
-        offset = int(self.names[index])
-        end = self.strings.find(b"\0", offset)
-        return self.strings[offset : end if end >= 0 else None].decode(errors="replace")
+        return self._string(int(self.names[index]))
+
+    def _string(self, offset: int) -> str | None:
+        if self.file is None or not 0 <= offset < self.strings_size:
+            return None
+        name = b""
+        while len(name) < MAX_NAME_BYTES and offset + len(name) < self.strings_size:
+            at = self.strings_at + offset + len(name)
+            try:
+                chunk = os.pread(self.file.fileno(), NAME_CHUNK_BYTES, at)
+            except (OSError, ValueError):
+                return None
+            if not chunk:
+                break
+            end = chunk.find(b"\0")
+            if end >= 0:
+                name += chunk[:end]
+                break
+            name += chunk
+        return name[: self.strings_size - offset].decode(errors="replace")
 
 
 def read_file_symbols(path: str) -> FileSymbols | None:
@@ -70,14 +96,17 @@ def read_file_symbols(path: str) -> FileSymbols | None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ELF_BYTES:
-            return None
+    f = os.fdopen(fd, "rb")
+    st = os.fstat(f.fileno())
+    symbols = None
+    if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_ELF_BYTES:
         try:
-            return _parse(f, st.st_size)
+            symbols = _parse(f, st.st_size)
         except (OSError, struct.error, ValueError, IndexError):
-            return None
+            symbols = None
+    if symbols is None or symbols.file is None:
+        f.close()
+    return symbols
 
 
 def _read(f: BinaryIO, offset: int, size: int, file_size: int) -> bytes:
@@ -115,39 +144,64 @@ def _parse(f: BinaryIO, file_size: int) -> FileSymbols | None:
             symbols = symbols[keep]
             symbols = symbols[np.argsort(symbols["value"], kind="stable")]
             str_offset, str_size = sections[sh_link][4], sections[sh_link][5]
+            if str_offset < 0 or str_size < 0 or str_offset + str_size > file_size:
+                raise ValueError("a string table past the end of the file")
             return FileSymbols(
                 symbols["value"].astype(np.uint64),
                 (symbols["value"] + symbols["size"]).astype(np.uint64),
                 symbols["name"].astype(np.int64),
-                _read(f, str_offset, str_size, file_size),
+                f,
+                str_offset,
+                str_size,
                 tuple(loads),
             )
     empty = np.zeros(0, np.uint64)
-    return FileSymbols(empty, empty, np.zeros(0, np.int64), b"", tuple(loads))
+    return FileSymbols(empty, empty, np.zeros(0, np.int64), None, 0, 0, tuple(loads))
 
 
 class KernelSymbols:
-    """/proc/kallsyms, sorted; empty where it shows no addresses (kptr_restrict)."""
+    """/proc/kallsyms's functions, sorted; empty where it shows no addresses (kptr_restrict).
+    The file's hundred thousand lines are parsed as one array: every line of a 64-bit kernel
+    starts with 16 hex digits, a space, the type letter and a space; a name is cut out only
+    for an address that is asked for."""
 
     def __init__(self) -> None:
-        starts: list[int] = []
-        names: list[str] = []
         try:
-            with open("/proc/kallsyms") as f:
-                for line in f:
-                    address, kind, name = line.split()[:3]
-                    if kind in "tTwW" and int(address, 16):
-                        starts.append(int(address, 16))
-                        names.append(name)
+            with open("/proc/kallsyms", "rb") as f:
+                text = f.read()
         except OSError:
-            pass
-        order = sorted(range(len(starts)), key=starts.__getitem__)
-        self._starts = [starts[i] for i in order]
-        self._names = [names[i] for i in order]
+            text = b""
+        raw = np.frombuffer(text, np.uint8)
+        begins = np.concatenate(([0], np.flatnonzero(raw == ord("\n")) + 1))
+        begins = begins[begins + 19 <= len(raw)]
+        kinds = raw[begins + 17]
+        keep = (
+            (raw[begins + 16] == ord(" "))
+            & (raw[begins + 18] == ord(" "))
+            & np.isin(kinds, np.frombuffer(b"tTwW", np.uint8))
+        )
+        begins = begins[keep]
+        digits = raw[begins[:, None] + np.arange(16)]
+        # '0'-'9' are 48-57, 'a'-'f' 97-102: the hex value of each digit.
+        values = np.where(digits >= ord("a"), digits - (ord("a") - 10), digits - ord("0"))
+        # Two hex digits a byte, eight bytes a big-endian address.
+        pairs = (values[:, 0::2] << 4) | values[:, 1::2]
+        addresses = np.ascontiguousarray(pairs, np.uint8).view(">u8").ravel().astype(np.uint64)
+        valid = ((digits <= ord("9")) | ((digits >= ord("a")) & (digits <= ord("f")))).all(axis=1)
+        keep = valid & (addresses != 0)
+        order = np.argsort(addresses[keep], kind="stable")
+        self._starts = addresses[keep][order]
+        self._lines = begins[keep][order]
+        self._text = text
 
     def name_at(self, address: int) -> str:
-        index = bisect.bisect_right(self._starts, address) - 1
-        return self._names[index] if index >= 0 else UNKNOWN
+        index = int(np.searchsorted(self._starts, np.uint64(address), side="right")) - 1
+        if index < 0:
+            return UNKNOWN
+        begin = int(self._lines[index]) + 19
+        end = self._text.find(b"\n", begin)
+        line = self._text[begin : end if end >= 0 else None]
+        return line.split(b"\t", 1)[0].split(b" ", 1)[0].decode(errors="replace") or UNKNOWN
 
 
 class ProcessSymbols:
@@ -165,6 +219,18 @@ class ProcessSymbols:
         self._files: dict[str, FileSymbols | None] = {}
         self._kernel: KernelSymbols | None = None
         self._seen: dict[tuple[bool, int], tuple[str, str]] = {}
+
+    def __enter__(self) -> ProcessSymbols:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the files whose names are read as asked for."""
+        for symbols in self._files.values():
+            if symbols is not None and symbols.file is not None:
+                symbols.file.close()
 
     def frame(self, address: int, kernel: bool) -> tuple[str, str]:
         key = (kernel, address)

@@ -10,7 +10,7 @@ import contextlib
 import ctypes
 from dataclasses import dataclass
 
-from ..bundle.read import Frame
+from ..bundle.frames import Frame
 from ..capture.collectors.base import EbpfLoader
 from ..capture.ebpf.collector import EbpfCollector
 from ..capture.ebpf.pywalk import SHIM_FRAME, resolve_frame

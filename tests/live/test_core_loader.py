@@ -17,6 +17,7 @@ from ..support import ROOT
 from .conftest import StartRecipe
 from .test_dispatched_samples import assert_sites_by_samples
 from .test_pystacks_live import SITES, assert_ratio, line_of, report_of
+from .test_safety_live import INT3, code_bytes, probe_addresses
 
 pytestmark = pytest.mark.root
 
@@ -74,6 +75,10 @@ def test_three_sites_exact_on_core_without_headers_bcc_or_perf(
     assert captured.returncode == 0, captured.stderr
     ebpf = json.loads((out / "ebpf.json").read_text())
     assert ebpf["loader"]["name"] == "core", ebpf["loader"]
+    # Kernels from 6.6 link every point of a program in a file at once (one grace period
+    # at detach instead of one a point).
+    multi = tuple(int(p) for p in os.uname().release.split(".")[:2]) >= (6, 6)
+    assert ebpf["loader"]["uprobe_links"] == ("multi" if multi else "single"), ebpf["loader"]
     assert any("GOMP_parallel entry" in a for a in ebpf["attached"]), ebpf["attached"]
     report = report_of(out)
     rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
@@ -110,3 +115,48 @@ def test_three_sites_sampled_on_core_without_headers_bcc_or_perf(
     pool = next(p for p in report["pools"] if p["runtime"] == "openmp")
     # The workers' native stacks, named from the ELF symbol tables: the copy kernel shows.
     assert any("copy_kernel" in work["symbol"] for work in pool["top_work"]), pool
+
+
+def test_region_probes_linked_one_by_one_where_the_kernel_has_no_multi_links(
+    start_recipe: StartRecipe,
+) -> None:
+    """A kernel older than multi-uprobe links (6.6) gets a link a point: regions are counted
+    either way, and every probed instruction is the library's own again after."""
+    recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "2", "--mb", "8")
+    addresses = probe_addresses(recipe.pid)
+    original = code_bytes(recipe.pid, addresses)
+    assert original and INT3 not in original.values(), original
+    script = f"""
+import ctypes, json, sys, time
+from profkit.capture.ebpf import libbpf
+from profkit.capture.ebpf.core_program import load_process
+from profkit.capture.ebpf.region_probes import CoreRegionProbes
+from profkit.capture.ebpf.regions import find_probes, probeable, region_uprobes
+from profkit.host.target import inspect
+libbpf.UPROBE_MULTI_KERNEL = (sys.maxsize, 0) if sys.argv[1] == "single" else (0, 0)
+target = inspect({recipe.pid})
+copies = [find_probes(i, r) for i, r in enumerate(probeable(target.runtimes))]
+points = [p for copy in copies if copy for p in region_uprobes(copy)]
+core = load_process({recipe.pid}, None, 1024, 1 << 16, 1, 0)
+probes = CoreRegionProbes(core, {recipe.pid})
+probes.attach(points)
+time.sleep(1.0)
+probes.detach(True)
+probes.detach(False)
+count = int(core["region_count"][ctypes.c_int(0)].value)
+core.close()
+print(json.dumps({{"multi": core.multi_uprobes, "points": len(points), "regions": count}}))
+"""
+    for links in ("single", "multi"):
+        ran = subprocess.run(
+            [sys.executable, "-c", script, links],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert ran.returncode == 0, ran.stderr
+        found = json.loads(ran.stdout.strip().splitlines()[-1])
+        assert found["multi"] is (links == "multi"), found
+        assert found["points"] >= 2 and found["regions"] > 0, (links, found)
+        assert code_bytes(recipe.pid, addresses) == original, links

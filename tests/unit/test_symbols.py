@@ -57,3 +57,45 @@ def test_kernel_addresses_are_named_from_kallsyms() -> None:
         "schedule",
         "[kernel.kallsyms]",
     )
+
+
+def test_every_kallsyms_function_is_named_as_its_line_says() -> None:
+    """The array parse of /proc/kallsyms against a line-by-line one, at every function's own
+    address and one byte into it (module lines end in a tab and the module's name)."""
+    lines = [line.split() for line in Path("/proc/kallsyms").read_text().splitlines()]
+    functions = sorted(
+        (int(f[0], 16), f[2]) for f in lines if f[1] in "tTwW" and int(f[0], 16) != 0
+    )
+    if not functions:
+        pytest.skip("kallsyms hides its addresses here (kptr_restrict)")
+    names: dict[int, set[str]] = {}
+    for address, name in functions:
+        names.setdefault(address, set()).add(name)  # aliases share an address
+    symbols = ProcessSymbols(os.getpid())
+    for address, _ in functions[:: max(1, len(functions) // 2000)]:
+        for at in (address, address + 1):
+            name, dso = symbols.frame(at, kernel=True)
+            assert dso == "[kernel.kallsyms]"
+            if at == address or at + 0 not in names:
+                assert name in names[address], (hex(at), name, names[address])
+
+
+def test_a_library_cut_short_after_its_tables_were_read_names_nothing(tmp_path: Path) -> None:
+    """Names are read from the open file when asked for: a file truncated under profkit gives
+    unknown names, no error and no crash (nothing of it is mapped)."""
+    libc = next(
+        m.split()[-1]
+        for m in Path("/proc/self/maps").read_text().splitlines()
+        if "/libc.so" in m or "/libc-" in m
+    )
+    copy = tmp_path / "libcopy.so"
+    copy.write_bytes(Path(libc).read_bytes())
+    symbols = read_file_symbols(str(copy))
+    assert symbols is not None and len(symbols.starts)
+    start = int(symbols.starts[len(symbols.starts) // 2])
+    offset = next(o + start - v for o, size, v in symbols.loads if v <= start < v + size)
+    assert symbols.name_at(offset)
+    os.truncate(copy, 64)
+    assert not symbols.name_at(offset)
+    assert symbols.file is not None
+    symbols.file.close()

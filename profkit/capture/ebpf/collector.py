@@ -24,7 +24,6 @@ from typing import Any
 from ...bundle.parts import EBPF, NATIVE, CollectorResult
 from ...bundle.safefile import write_new
 from ...host import procfs
-from ...host.symbols import ProcessSymbols
 from ...host.target import Target
 from ..budget import REGION_PROBE_SHARE
 from ..collectors.base import Availability, CaptureContext
@@ -104,6 +103,7 @@ class EbpfCollector:
         self._dispatch_wakeups = False
         self.loader = "bcc"
         self._core: CoreObject | None = None  # the CO-RE program, where it runs instead of bcc
+        self._uprobe_links = "single"
         self._native = False
         self._sample_hz = PYTHON_SAMPLE_HZ
         self.lost = {"slices": 0, "regions": 0}
@@ -190,28 +190,32 @@ class EbpfCollector:
         object (the sampler and walker, the region probes of every runtime copy, the scheduler
         tracepoints where traced) attached program by program."""
         target = context.target
-        walker = bool(self._prepare_walker(target, context.options.python_stacks != "off"))
-        layout = self.walker.layout if walker and self.walker is not None else None
-        self.sched_decision = decide_sched(context)
-        traced = bool(self.sched_decision["traced"])
-        if not traced:
-            self.warnings.append(str(self.sched_decision["reason"]))
-        self._native = (
-            walker
-            and "perf_record" not in context.collectors
-            and context.options.perf_callgraph == "fp"
-        )
-        if self._native:
-            self._sample_hz = context.options.perf_rate_hz
-        program = OpenMPProgram(
-            tuple(probeable(target.runtimes)),
-            target.pid,
-            native_stacks=NATIVE_STACK_ENTRIES if self._native else 0,
-        )
-        if not (program.runtimes or walker or traced):
-            return
-        with ThreadPoolExecutor(max(1, min(4, len(program.runtimes)))) as pool:
-            found = [pool.submit(find_probes, i, r) for i, r in enumerate(program.runtimes)]
+        switches = SwitchRate(context.clock)
+        runtimes = tuple(probeable(target.runtimes))
+        # The probe points are found (disassembly), the walker prepared and the switch rate
+        # counted side by side: each takes a fraction of a second, and the load waits for all.
+        with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
+            found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
+            walker = bool(self._prepare_walker(target, context.options.python_stacks != "off"))
+            layout = self.walker.layout if walker and self.walker is not None else None
+            self.sched_decision = decide_sched(context, switches)
+            traced = bool(self.sched_decision["traced"])
+            if not traced:
+                self.warnings.append(str(self.sched_decision["reason"]))
+            self._native = (
+                walker
+                and "perf_record" not in context.collectors
+                and context.options.perf_callgraph == "fp"
+            )
+            if self._native:
+                self._sample_hz = context.options.perf_rate_hz
+            program = OpenMPProgram(
+                runtimes,
+                target.pid,
+                native_stacks=NATIVE_STACK_ENTRIES if self._native else 0,
+            )
+            if not (program.runtimes or walker or traced):
+                return
             core = load_process(
                 target.pid,
                 layout,
@@ -222,6 +226,7 @@ class EbpfCollector:
             )
             probes = [p for p in (f.result() for f in found) if p is not None]
         self._core = self._process = core
+        self._uprobe_links = "multi" if core.multi_uprobes else "single"
         self._regions = CoreRegionProbes(core, target.pid)
         try:
             if traced:
@@ -297,6 +302,7 @@ class EbpfCollector:
         layout = self.walker.layout if walker and self.walker is not None else None
         core = load_process(target.pid, layout, 1, 1, 1, 0)  # logs of one entry: off
         self._core = self._process = core
+        self._uprobe_links = "multi" if core.multi_uprobes else "single"
         self._regions = CoreRegionProbes(core, target.pid)
         try:
             if layout is not None and self.walker is not None:
@@ -629,7 +635,13 @@ class EbpfCollector:
                 # Every runtime copy whose region probes went on; regions.runtime indexes it.
                 "runtimes": self.probed_runtimes,
                 "loader": (
-                    {"name": "core", "libbpf": libbpf.version()}
+                    {
+                        "name": "core",
+                        "libbpf": libbpf.version(),
+                        # How the region probes were linked: every point of a program in a
+                        # file by one link ("multi"), or a link a point.
+                        "uprobe_links": self._uprobe_links,
+                    }
                     if self.loader == "core"
                     else {"name": "bcc"}
                 ),
@@ -729,14 +741,22 @@ class EbpfCollector:
         if self._native:
             assert self._context is not None
             pid = self._context.target.pid
-            native = native_tables(
-                [(int(v.t_ns), int(v.tid), int(v.native)) for _, v in rows],
-                read_stacks(bpf["native_stacks"]),
-                pid,
-                round(1e9 / self._sample_hz),
-                # Without bcc, its symbol cache is not there either.
-                ProcessSymbols(pid) if self.loader == "core" else None,
-            )
+            # Imported here: it brings numpy, a tenth of a second start-up need not wait for.
+            from ...host.symbols import ProcessSymbols
+
+            # Without bcc, its symbol cache is not there either.
+            names = ProcessSymbols(pid) if self.loader == "core" else None
+            try:
+                native = native_tables(
+                    [(int(v.t_ns), int(v.tid), int(v.native)) for _, v in rows],
+                    read_stacks(bpf["native_stacks"]),
+                    pid,
+                    round(1e9 / self._sample_hz),
+                    names,
+                )
+            finally:
+                if names is not None:
+                    names.close()
             # Samples whose stack did not fit the full map, and those past the log.
             native["lost"] += int(bpf["native_counts"][ctypes.c_int(0)].value) + lost["samples"]
         return (

@@ -221,6 +221,10 @@ def config_for(
     )
 
 
+# The region probes' programs: linked many points to a link where the kernel can.
+UPROBE_PROGRAMS = ("on_region_entry", "on_region_return")
+
+
 def load_process(
     pid: int,
     layout: Layout | None,
@@ -242,4 +246,5 @@ def load_process(
             "native_stacks": max(1, native_stacks),
         },
         TYPES,
+        uprobe_programs=UPROBE_PROGRAMS,
     )

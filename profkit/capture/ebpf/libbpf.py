@@ -26,6 +26,12 @@ from typing import Any
 
 BTF_PATH = Path("/sys/kernel/btf/vmlinux")
 SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
+SYS_BPF = {"x86_64": 321, "aarch64": 280}
+BPF_LINK_CREATE = 28
+BPF_TRACE_UPROBE_MULTI = 48
+BPF_F_UPROBE_MULTI_RETURN = 1
+# The kernel that first has multi-uprobe links (with cookies and a pid filter).
+UPROBE_MULTI_KERNEL = (6, 6)
 PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK = 1, 0
 PERF_FLAG_FD_CLOEXEC = 8
 ATTR_FREQ = 1 << 10  # perf_event_attr's `freq` bit: sample_freq, not a period
@@ -47,6 +53,36 @@ class _UprobeOpts(ctypes.Structure):
         ("retprobe", ctypes.c_bool),
         ("func_name", ctypes.c_char_p),
     ]
+
+
+class _UprobeMultiAttr(ctypes.Structure):
+    # union bpf_attr as BPF_LINK_CREATE reads it for BPF_TRACE_UPROBE_MULTI (libbpf 1.1 knows
+    # neither the attach type nor these fields, so the link is made by the syscall itself).
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32),
+        ("target_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("path", ctypes.c_uint64),
+        ("offsets", ctypes.c_uint64),
+        ("ref_ctr_offsets", ctypes.c_uint64),
+        ("cookies", ctypes.c_uint64),
+        ("cnt", ctypes.c_uint32),
+        ("multi_flags", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32),
+    ]
+
+
+@dataclass(frozen=True)
+class MultiLink:
+    """A multi-uprobe link: a file descriptor of the kernel's, not a libbpf link."""
+
+    fd: int
+
+
+# A link to destroy(): libbpf's (its address) or a multi-uprobe link.
+Link = int | MultiLink
 
 
 class _PerfEventAttr(ctypes.Structure):
@@ -94,6 +130,8 @@ def _library() -> ctypes.CDLL:
         "bpf_map__set_initial_value": (ctypes.c_int, [pointer, pointer, sized]),
         "bpf_program__attach_perf_event": (pointer, [pointer, ctypes.c_int]),
         "bpf_program__attach": (pointer, [pointer]),
+        "bpf_program__fd": (ctypes.c_int, [pointer]),
+        "bpf_program__set_expected_attach_type": (ctypes.c_int, [pointer, ctypes.c_int]),
         "bpf_program__attach_uprobe_opts": (
             pointer,
             [pointer, ctypes.c_int, ctypes.c_char_p, sized, pointer],
@@ -214,15 +252,23 @@ class CoreObject:
         config: ctypes.Structure,
         max_entries: dict[str, int],
         types: dict[str, MapType],
+        uprobe_programs: tuple[str, ...] = (),
     ) -> None:
         self._lib = _library()
         self._data = ctypes.create_string_buffer(object_bytes(name))
         self._object = self._lib.bpf_object__open_mem(self._data, len(self._data.raw), None)
         if not self._object:
             raise CoreUnavailable(f"libbpf could not open {name}: {_errno()}")
-        self._links: list[int] = []
+        self._links: list[Link] = []
         self._pending: list[threading.Thread] = []  # detaches still waiting in the kernel
         self._types = types
+        # Uprobe programs loaded for multi-uprobe links where the kernel has them: a link holds
+        # every probe point of a program in one file, and closing it waits for the kernel's
+        # grace period once, where a link per point waits once each, one after another
+        # (about 0.1 s a point; docs/results/core-loader.md). A kernel older than the attach
+        # type ignores it, and the points are then linked one by one.
+        self.multi_uprobes = False
+        wants_multi = bool(uprobe_programs) and _kernel_at_least(UPROBE_MULTI_KERNEL)
         try:
             rodata = self._internal_map(".rodata")
             if self._lib.bpf_map__set_initial_value(
@@ -231,8 +277,15 @@ class CoreObject:
                 raise CoreUnavailable(f"{name}: its constants do not fit its .rodata")
             for map_name, entries in max_entries.items():
                 self._lib.bpf_map__set_max_entries(self._map(map_name), max(1, entries))
+            if wants_multi:
+                for program in uprobe_programs:
+                    self._lib.bpf_program__set_expected_attach_type(
+                        self._program(program), BPF_TRACE_UPROBE_MULTI
+                    )
             if self._lib.bpf_object__load(self._object):
                 raise CoreUnavailable(f"the kernel refused {name}: {_errno()}")
+            if wants_multi:
+                self.multi_uprobes = self._multi_link_works(uprobe_programs[0])
         except Exception:
             self.close()
             raise
@@ -318,13 +371,82 @@ class CoreObject:
         self._links.append(int(link))
         return int(link)
 
-    def destroy(self, links: list[int], wait: bool = True) -> None:
-        """Detach these links at once: closing a uprobe's event waits in the kernel for RCU
-        grace periods (0.6 s here, 1-2 s on a 16-CPU host), and the calls release the GIL, so
-        from a thread each the waits overlap. The breakpoints themselves are gone within a
-        millisecond of the close, before the waits (docs/results/core-loader.md), so with
-        wait=False the waits run on a thread of their own and the caller goes on; close()
-        waits for them."""
+    def _link_uprobe_multi(
+        self,
+        program: str,
+        path: str,
+        offsets: list[int],
+        cookies: list[int],
+        pid: int,
+        retprobe: bool,
+    ) -> int:
+        """A multi-uprobe link's descriptor, or -errno."""
+        machine = os.uname().machine
+        if machine not in SYS_BPF:
+            return -errno.ENOSYS
+        count = len(offsets)
+        name = ctypes.create_string_buffer(path.encode())
+        points = (ctypes.c_uint64 * count)(*offsets)
+        values = (ctypes.c_uint64 * count)(*cookies)
+        attr = _UprobeMultiAttr(
+            prog_fd=self._lib.bpf_program__fd(self._program(program)),
+            attach_type=BPF_TRACE_UPROBE_MULTI,
+            path=ctypes.addressof(name),
+            offsets=ctypes.addressof(points),
+            cookies=ctypes.addressof(values),
+            cnt=count,
+            multi_flags=BPF_F_UPROBE_MULTI_RETURN if retprobe else 0,
+            pid=pid,
+        )
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.syscall(
+            SYS_BPF[machine], BPF_LINK_CREATE, ctypes.byref(attr), ctypes.sizeof(attr)
+        )
+        return int(fd) if fd >= 0 else -(ctypes.get_errno() or errno.EINVAL)
+
+    def _multi_link_works(self, program: str) -> bool:
+        """The kernel links the program to a point of a file: asked for one in "/", a kernel
+        with multi-uprobe links refuses the directory (EBADF), an older one the attach type."""
+        fd = self._link_uprobe_multi(program, "/", [0], [0], 0, False)
+        if fd >= 0:
+            os.close(fd)
+            return True
+        return fd == -errno.EBADF
+
+    def attach_uprobes(
+        self,
+        program: str,
+        path: str,
+        points: list[tuple[int, int]],
+        pid: int,
+        retprobe: bool = False,
+    ) -> list[Link]:
+        """The program on instructions of one file, (file offset, cookie) each, in one process:
+        one multi-uprobe link where the kernel has them, a link a point elsewhere."""
+        if not points:
+            return []
+        if not self.multi_uprobes:
+            return [
+                self.attach_uprobe(program, path, offset, pid, cookie, retprobe)
+                for offset, cookie in points
+            ]
+        fd = self._link_uprobe_multi(
+            program, path, [o for o, _ in points], [c for _, c in points], pid, retprobe
+        )
+        if fd < 0:
+            where = ",".join(f"{o:#x}" for o, _ in points)
+            reason = f"{os.strerror(-fd)} (errno {-fd})"
+            raise CoreUnavailable(f"uprobes on {path}+{{{where}}}: {reason}")
+        link = MultiLink(fd)
+        self._links.append(link)
+        return [link]
+
+    def destroy(self, links: list[Link], wait: bool = True) -> None:
+        """Detach these links at once. Closing a uprobe's link waits in the kernel for grace
+        periods, about 0.1 s a link and one link after another however many threads close
+        them (docs/results/core-loader.md); the breakpoints themselves are gone within a
+        millisecond of the close, before the waits. So with wait=False the closes run on a
+        thread of their own and the caller goes on; close() waits for them."""
         mine = [link for link in links if link in self._links]
         self._links = [link for link in self._links if link not in mine]
         if not mine:
@@ -338,12 +460,18 @@ class CoreObject:
         thread.start()
         self._pending.append(thread)
 
-    def _destroy_now(self, links: list[int]) -> None:
+    def _destroy_now(self, links: list[Link]) -> None:
         if len(links) == 1:
-            self._lib.bpf_link__destroy(links[0])
+            self._destroy_one(links[0])
             return
         with ThreadPoolExecutor(max_workers=min(32, len(links))) as pool:
-            list(pool.map(self._lib.bpf_link__destroy, links))
+            list(pool.map(self._destroy_one, links))
+
+    def _destroy_one(self, link: Link) -> None:
+        if isinstance(link, MultiLink):
+            os.close(link.fd)
+        else:
+            self._lib.bpf_link__destroy(link)
 
     def detach(self, wait: bool = True) -> None:
         self.destroy(list(self._links), wait=wait)
@@ -361,7 +489,7 @@ class CoreObject:
             return
         self._close_after(list(self._links))
 
-    def _close_after(self, links: list[int]) -> None:
+    def _close_after(self, links: list[Link]) -> None:
         if links:
             self._destroy_now(links)
         for thread in self._pending:
@@ -370,6 +498,15 @@ class CoreObject:
         if self._object:
             self._lib.bpf_object__close(self._object)
             self._object = None
+
+
+def _kernel_at_least(wanted: tuple[int, int]) -> bool:
+    release = os.uname().release
+    try:
+        major, minor = (int(part) for part in release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= wanted
 
 
 def _online_cpus() -> set[int]:

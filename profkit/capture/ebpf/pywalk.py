@@ -19,7 +19,7 @@ import os
 import threading
 from dataclasses import asdict, dataclass, field
 
-from ...bundle.read import Frame
+from ...bundle.frames import Frame
 from ...host.pyruntime import CodeResolver, Layout, PyRuntimeUnsupported, detect, self_check
 from ...host.pyruntime import thread_states as read_thread_states
 from ...host.targetfs import SourceLines

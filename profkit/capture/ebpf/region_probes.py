@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .core_program import entry_cookie
-from .libbpf import CoreObject
+from .libbpf import CoreObject, Link
 from .loader import BpfProgram, detach_uprobes
 from .regions import Uprobe, handler_name
 from .returns import file_offset, symbol_address
@@ -65,28 +65,28 @@ class BccRegionProbes:
 class CoreRegionProbes:
     def __init__(self, core: CoreObject, pid: int) -> None:
         self._core, self._pid = core, pid
-        self._links: dict[bool, list[int]] = {True: [], False: []}
+        self._links: dict[bool, list[Link]] = {True: [], False: []}
 
     def attach(self, probes: Sequence[Uprobe]) -> None:
-        added: dict[bool, list[int]] = {True: [], False: []}
-        try:
-            for probe in probes:
-                address = probe.address
+        # One link for every point of a program in a file, where the kernel has multi-uprobe
+        # links: a link's close waits for the kernel's grace period once, whatever it holds.
+        groups: dict[tuple[bool, str, str, bool], list[tuple[int, int]]] = {}
+        for probe in probes:
+            address = probe.address
+            if address is None:
+                address = symbol_address(probe.path, probe.symbol)
                 if address is None:
-                    address = symbol_address(probe.path, probe.symbol)
-                    if address is None:
-                        raise LookupError(f"{probe.symbol} is not in {probe.path}")
-                program = "on_region_entry" if probe.entry else END_PROGRAM
-                cookie = entry_cookie(probe.runtime, probe.requested_arg) if probe.entry else 0
-                added[probe.entry].append(
-                    self._core.attach_uprobe(
-                        program,
-                        probe.path,
-                        file_offset(probe.path, address),
-                        self._pid,
-                        cookie,
-                        retprobe=probe.retprobe,
-                    )
+                    raise LookupError(f"{probe.symbol} is not in {probe.path}")
+            program = "on_region_entry" if probe.entry else END_PROGRAM
+            cookie = entry_cookie(probe.runtime, probe.requested_arg) if probe.entry else 0
+            groups.setdefault((probe.entry, program, probe.path, probe.retprobe), []).append(
+                (file_offset(probe.path, address), cookie)
+            )
+        added: dict[bool, list[Link]] = {True: [], False: []}
+        try:
+            for (entry, program, path, retprobe), points in groups.items():
+                added[entry] += self._core.attach_uprobes(
+                    program, path, points, self._pid, retprobe=retprobe
                 )
         except Exception:
             self._core.destroy(added[True] + added[False])
