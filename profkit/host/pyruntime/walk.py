@@ -73,13 +73,36 @@ def _table_units(layout: Layout, table: bytes) -> int:
     return sum(table[0::2]) // 2
 
 
-def self_check(pid: int, layout: Layout, attempts: int = 10) -> None:
+def self_check(pid: int, layout: Layout, attempts: int = 10, sweeps: int = 10) -> None:
     """Walk every thread from user space and check the offsets produce real code objects.
 
     A thread that runs Python code while it is read can change its stack between two reads,
-    so a thread's walk is retried up to ``attempts`` times; the check fails when one thread
-    never gives a consistent stack, naming the last problem seen.  Raises PyRuntimeUnsupported.
+    so a thread's walk is retried up to ``attempts`` times, 2 ms apart.  A thread moving
+    between C and Python code (an import running module bodies does so thousands of times a
+    second) also shows no current frame for a moment, or a frame being torn down.  So a sweep
+    over the threads that finds no Python frame, or a thread that never read consistently, is
+    repeated up to ``sweeps`` times, 50 ms apart; the check fails, naming the last problem
+    seen, only when no sweep succeeds.  Raises PyRuntimeUnsupported.
     """
+    problem = ""
+    for sweep in range(sweeps):
+        if sweep:
+            time.sleep(0.05)
+        try:
+            if _check_threads(pid, layout, attempts):
+                return
+            problem = "self-check: no thread has a Python frame"
+        except _Inconsistent as exc:
+            problem = str(exc)
+    raise PyRuntimeUnsupported(problem)
+
+
+class _Inconsistent(PyRuntimeUnsupported):
+    """A thread whose stack never read consistently in one sweep: worth another sweep."""
+
+
+def _check_threads(pid: int, layout: Layout, attempts: int) -> int:
+    """Python frames found in one sweep over the target's threads."""
     live = namespace_tids(pid)
     with ProcessMemory(pid) as mem:
         try:
@@ -107,9 +130,8 @@ def self_check(pid: int, layout: Layout, attempts: int = 10) -> None:
                 except PyRuntimeUnsupported as exc:
                     problem = str(exc)
             else:
-                raise PyRuntimeUnsupported(problem)
-        if frames == 0:
-            raise PyRuntimeUnsupported("self-check: no thread has a Python frame")
+                raise _Inconsistent(problem)
+        return frames
 
 
 def _check_thread(
