@@ -17,7 +17,8 @@ per unit of work (request or copy) in each layout against the bare blocks.
 Layouts: aa (nothing attached: the A/A control) | entry (the entry probe with the Python stack
 walker) | end (the region-end probe alone; with no entry it finds no open region and returns)
 | both (entry with walker and end: what a capture attaches) | traps (both points, with programs
-that return at once: the traps alone) | perf (no probe: perf record, system-wide, as a capture
+that return at once: the traps alone) | uret, uret-traps (both and traps with the end as a
+uretprobe on the entry point) | perf (no probe: perf record, system-wide, as a capture
 starts it, started before the block and stopped after it) | perf-child (the same perf record
 started as a capture starts its tools: profkit's ChildTool, in a session of its own) | proc,
 cgroup (no probe: that
@@ -89,6 +90,8 @@ LAYOUTS = {
     "end": ("regions", False, True),
     "both": ("regions", True, True),
     "traps": ("traps", True, True),
+    "uret": ("regions", True, True),
+    "uret-traps": ("traps", True, True),
     "perf": ("", False, False),
     "perf-child": ("", False, False),
     "proc": ("", False, False),
@@ -101,6 +104,9 @@ LAYOUTS = {
     "on-edge": ("", False, False),
     "off-edge": ("", False, False),
 }
+# Layouts whose end is a uretprobe on the entry point instead of a uprobe on the region's end
+# (on x86-64 kernels from 6.11 the return comes back through a syscall, not a breakpoint).
+RETPROBE_LAYOUTS = {"uret", "uret-traps"}
 # layout -> the program whose on-CPU sampler it attaches
 ON_CPU_SAMPLERS = {"pysampler": "regions", "pysampler+perf": "regions", "native": "native"}
 SAMPLERS: dict[str, Callable[[], Collector]] = {"proc": ProcCollector, "cgroup": CgroupCollector}
@@ -146,13 +152,15 @@ class Probes:
         self.perf = PerfRecord()
         self.sampler = Sampler(pid)
 
-    def points(self, layout: str) -> list[tuple[BpfProgram, int, str]]:
+    def points(self, layout: str) -> list[tuple[BpfProgram, int, str, bool]]:
+        """(program, address, handler, as a uretprobe) of each probe the layout attaches."""
         name, entry, end = LAYOUTS[layout]
         if not name:
             return []
         bpf = self.programs[name]
-        return [(bpf, self.entry, "on_entry_0")] * entry + [
-            (bpf, self.end, "on_region_return")
+        ret = layout in RETPROBE_LAYOUTS
+        return [(bpf, self.entry, "on_entry_0", False)] * entry + [
+            (bpf, self.entry if ret else self.end, "on_region_return", ret)
         ] * end
 
     def attach(self, layout: str) -> None:
@@ -173,8 +181,9 @@ class Probes:
             self.switching.start()
         if layout == "switch2":
             self.switching2.start()
-        for bpf, address, handler in self.points(layout):
-            bpf.attach_uprobe(name=self.path, addr=address, fn_name=handler, pid=self.pid)
+        for bpf, address, handler, ret in self.points(layout):
+            attach = bpf.attach_uretprobe if ret else bpf.attach_uprobe
+            attach(name=self.path, addr=address, fn_name=handler, pid=self.pid)
 
     def detach(self, layout: str) -> None:
         self.switching.stop()
@@ -182,8 +191,9 @@ class Probes:
         self.perf.stop()
         self.sampler.stop()
         self._stop_sampling()
-        for bpf, address, _ in self.points(layout):
-            bpf.detach_uprobe(name=self.path, addr=address, pid=self.pid)
+        for bpf, address, _, ret in self.points(layout):
+            detach = bpf.detach_uretprobe if ret else bpf.detach_uprobe
+            detach(name=self.path, addr=address, pid=self.pid)
 
     def regions(self) -> int:
         counts = self.programs["regions"]["entry_count"]
@@ -324,7 +334,17 @@ def block(
 
 # Kernel functions on the way into and out of a uprobe's breakpoint: a sample whose kernel stack
 # holds one of them is CPU that the trap cost the thread.
-TRAP_PATH = {"asm_exc_int3", "exc_int3", "handle_swbp", "uprobe_notify_resume"}
+# A uretprobe's return comes back through the uretprobe syscall where the kernel has it (x86-64,
+# 6.11+), through the breakpoint elsewhere.
+TRAP_PATH = {
+    "asm_exc_int3",
+    "exc_int3",
+    "handle_swbp",
+    "uprobe_notify_resume",
+    "__x64_sys_uretprobe",
+    "__do_sys_uretprobe",
+    "uprobe_handle_trampoline",
+}
 
 
 def trap_profile(

@@ -1,6 +1,8 @@
-"""What one parallel region costs the thread that dispatches it, part by part (root, bcc).
+"""What one parallel region costs the thread that dispatches it, part by part (root; bcc for
+the bcc parts).
 
     sudo .venv/bin/python -m benchmarks.region_cost [--rounds 3] [--seconds 2] [--depth 10]
+        [--loader both|core|bcc]
 
 This process copies a 256-KB tensor in a loop with a pool of 2 (one OpenMP region per copy;
 OMP_WAIT_POLICY=passive, so that no thread spins at the barrier) and measures its own thread's
@@ -15,12 +17,14 @@ profkit's region program is attached to it in successively larger parts:
     walker            the whole region program as a capture loads it
     + sampler         with the on-CPU sampler (cpu-clock, 49 Hz) on every CPU
     + scheduler       and the scheduler tracepoints in the same program
-    CO-RE walker      the prebuilt CO-RE program's region probes and walker (libbpf)
+    CO-RE regions     the prebuilt CO-RE program's region probes (libbpf), no thread state known
+    CO-RE walker      the prebuilt CO-RE program's region probes and walker
     CO-RE + sampler   and its on-CPU sampler
 
 Windows alternate, every part once per round, with two bare windows per round (bare and its
-A/A control). Prints the median CPU per copy of each part over the rounds and what each part adds
-per region against the bare median.
+A/A control); `--loader core` runs the CO-RE parts alone, where bcc is missing. Prints the
+median CPU per copy of each part over the rounds and what each part adds per region against the
+bare median.
 """
 
 from __future__ import annotations
@@ -81,8 +85,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--depth", type=int, default=10, help="Python frames under the loop")
+    parser.add_argument("--loader", choices=["both", "core", "bcc"], default="both")
     args = parser.parse_args()
-    bcc = load_bcc()
+    bcc = load_bcc() if args.loader != "core" else None
     torch.set_num_threads(2)
     libs = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
     if not libs:
@@ -96,6 +101,7 @@ def main() -> int:
     walker = compile_flags(layout)
 
     def load(source: str, flags: list[str], sample: bool = False) -> BpfProgram:
+        assert bcc is not None
         bpf = bcc.BPF(text=source, cflags=flags)
         if "-DPYSTACK" in flags:
             table = bpf["tstates"]
@@ -116,14 +122,14 @@ def main() -> int:
             bpf.attach_uprobe(name=path, addr=end.address, fn_name="on_region_return", pid=pid)
         return bpf
 
-    def core(sample: bool = False) -> CoreObject:
+    def core(sample: bool = False, walk: bool = True) -> CoreObject:
         program = load_process(pid, layout, 1, 1 << 18, 1, 0)
         table = program["tstates"]
-        for tid, tstate in thread_states(pid, layout).items():
+        for tid, tstate in thread_states(pid, layout).items() if walk else ():
             table[table.Key(tid)] = table.Leaf(tstate)
         start = file_offset(path, entry.address)
-        program.attach_uprobe("on_region_entry", path, start, pid, entry_cookie(0, 3))
-        program.attach_uprobe("on_region_return", path, file_offset(path, end.address), pid, 0)
+        program.attach_uprobes("on_region_entry", path, [(start, entry_cookie(0, 3))], pid)
+        program.attach_uprobes("on_region_return", path, [(file_offset(path, end.address), 0)], pid)
         if sample:
             program.attach_cpu_clock("on_cpu_sample", SAMPLE_HZ)
         return program
@@ -131,8 +137,7 @@ def main() -> int:
     runtimes = (Runtime("libgomp", path),)
     regions = OpenMPProgram(runtimes, tgid=pid).source()
     with_sched = OpenMPProgram(runtimes, tgid=pid, sched=SchedProgram(pid)).source()
-    parts = [
-        Part("bare", lambda: None),
+    bcc_parts = [
         Part("entry trap", lambda: attached(load(EMPTY, []), end_probe=False)),
         Part("traps", lambda: attached(load(EMPTY, []))),
         Part("regions", lambda: attached(load(regions, []))),
@@ -141,8 +146,16 @@ def main() -> int:
         Part("walker", lambda: attached(load(regions, walker))),
         Part("+ sampler", lambda: attached(load(regions, walker, sample=True))),
         Part("+ scheduler", lambda: attached(load(with_sched, walker, sample=True))),
+    ]
+    core_parts = [
+        Part("CO-RE regions", lambda: core(walk=False)),
         Part("CO-RE walker", core),
         Part("CO-RE + sampler", lambda: core(sample=True)),
+    ]
+    parts = [
+        Part("bare", lambda: None),
+        *(bcc_parts if args.loader != "core" else []),
+        *(core_parts if args.loader != "bcc" else []),
         Part("bare (A/A)", lambda: None),
     ]
     source = torch.ones(256 * 1024, dtype=torch.uint8)
@@ -179,7 +192,7 @@ def main() -> int:
         print(f"{part.name:<18} {median * 1e6:8.2f} {(median - bare) * 1e6:+11.2f}   {each}{step}")
         if not part.name.startswith("bare"):
             previous = median
-    counts = parts[3].regions_per_copy
+    counts = [n for part in parts if part.name == "regions" for n in part.regions_per_copy]
     if counts:
         print(f"# regions per copy counted by the region program: {statistics.median(counts):.3f}")
     return 0
