@@ -19,6 +19,7 @@ RUFF_PATHS := profkit recipes tests benchmarks scripts
 test:
 	@bash scripts/setup.sh --test
 	@bash scripts/build_probes.sh --check
+	@bash scripts/build_proto.sh --check
 	@$(VENV)/bin/ruff check $(RUFF_PATHS)
 	@$(VENV)/bin/ruff format --check $(RUFF_PATHS)
 	@$(MYPY)

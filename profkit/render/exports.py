@@ -8,6 +8,7 @@ import marshal
 import re
 
 from ..analysis.stacks import PYTHON, Node, Stack, Stacks
+from .proto import profile_pb2
 
 SPEEDSCOPE_SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
@@ -61,58 +62,32 @@ def speedscope(stacks: Stacks, name: str) -> str:
     )
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    value &= (1 << 64) - 1
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _int(number: int, value: int) -> bytes:
-    return _varint(number << 3) + _varint(value)
-
-
-def _packed(number: int, values: list[int]) -> bytes:
-    return _field(number, b"".join(_varint(v) for v in values))
-
-
 def pprof(stacks: Stacks) -> bytes:
     """A gzipped profile.proto: sample type cpu/nanoseconds, one location per frame."""
+    profile = profile_pb2.Profile()
     strings: dict[str, int] = {"": 0}
 
     def s(text: str) -> int:
         return strings.setdefault(text, len(strings))
 
+    profile.sample_type.add(type=s("cpu"), unit=s("nanoseconds"))
     functions: dict[tuple[str, str], int] = {}
-    body = bytearray()
-    body += _field(1, _int(1, s("cpu")) + _int(2, s("nanoseconds")))  # sample_type
     for stack, seconds in stacks.weights.items():
         value = round(seconds * 1e9)
         if value <= 0 or not stack:
             continue
         ids = [functions.setdefault((n.name, n.kind), len(functions) + 1) for n in stack]
         # pprof lists a sample's locations leaf first.
-        body += _field(2, _packed(1, list(reversed(ids))) + _packed(2, [value]))
+        profile.sample.add(location_id=reversed(ids), value=[value])
     for (name, kind), ident in functions.items():
         # One location per function, the same id for both.
-        body += _field(4, _int(1, ident) + _field(4, _int(1, ident)))
-        body += _field(5, _int(1, ident) + _int(2, s(name)) + _int(3, s(name)) + _int(4, s(kind)))
-    body += _int(10, round(stacks.window_seconds * 1e9))  # duration_nanos
-    body += _field(11, _int(1, s("cpu")) + _int(2, s("nanoseconds")))  # period_type
-    body += _int(12, 10_000_000)  # period
-    for text in strings:  # every string is registered by now; index 0 is ""
-        body += _field(6, text.encode())
-    return gzip.compress(bytes(body))
+        profile.location.add(id=ident, line=[profile_pb2.Line(function_id=ident)])
+        profile.function.add(id=ident, name=s(name), system_name=s(name), filename=s(kind))
+    profile.duration_nanos = round(stacks.window_seconds * 1e9)
+    profile.period_type.type, profile.period_type.unit = s("cpu"), s("nanoseconds")
+    profile.period = 10_000_000
+    profile.string_table.extend(strings)  # every string is registered by now; index 0 is ""
+    return gzip.compress(profile.SerializeToString(deterministic=True))
 
 
 # A Python node's name as analysis/stacks.py writes it: "function (file.py:line)".

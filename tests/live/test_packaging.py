@@ -37,6 +37,9 @@ def test_wheel_contains_probes(tmp_path: Path) -> None:
         assert f"profkit/capture/ebpf/probes/{probe}" in names
     assert "profkit/cli.py" in names and "profkit/commands/doctor.py" in names
     assert "profkit/render/flame.js" in names  # the flame graph's script
+    # pprof's schema and the code generated from it
+    for name in ("profile.proto", "profile_pb2.py", "profile_pb2.pyi"):
+        assert f"profkit/render/proto/{name}" in names
     # The prebuilt CO-RE objects and their sources, for nodes where bcc cannot compile.
     core = sorted((ROOT / "profkit/capture/ebpf/probes/core").glob("*.bpf.[co]"))
     assert {p.suffix for p in core} == {".c", ".o"}, core
