@@ -46,9 +46,9 @@ class Report:
 
 
 def analyse(bundle: Bundle) -> Report:
-    status = bundle.manifest.get("status")
+    status = bundle.manifest.status
     if status in ("aborted", "capturing") and (bundle.proc is None or not any(bundle.window)):
-        why = bundle.manifest.get("status_reason") or (
+        why = bundle.manifest.status_reason or (
             "profkit is still capturing it, or was killed; the next capture marks it aborted"
         )
         raise BadBundle(f"{bundle.directory} is {status}: {why}; it has no window to analyse")
@@ -60,16 +60,16 @@ def analyse(bundle: Bundle) -> Report:
     busy = {t.tid for t in cpu.threads if t.cpu_seconds / cpu.seconds >= 0.01}
     roles, pools = classify(bundle, tids, {t.tid: t.name for t in cpu.threads}, busy)
     recon = reconcile(cpu, roles, bundle.pyspy, (cpu.start_ns, cpu.end_ns), bundle.perf)
-    target = bundle.manifest.get("target", {})
+    target = bundle.manifest.target
     quota = quota_use(
         bundle.cgroup,
         (cpu.start_ns, cpu.end_ns),
-        int(target.get("cpus_allowed") or 1),
-        bundle.manifest.get("quota"),
+        target.cpus_allowed or 1,
+        bundle.manifest.quota,
     )
     pool_reports = []
     findings: list[Finding] = []
-    cpus = int(target.get("cpus_allowed") or 1)
+    cpus = target.cpus_allowed or 1
     budget = quota.recommended_threads if quota is not None else cpus
     for pool in pools:
         workers = set(pool.workers)
@@ -117,12 +117,10 @@ def analyse(bundle: Bundle) -> Report:
     if blind and not any(p.pool.kind == "openmp" for p in pool_reports):
         # No native collector ran, so a pool could not be seen: judge by the pool the runtime
         # is set to. (With perf or eBPF, seeing no worker means the team is one thread.)
-        configured = int(target.get("pool_threads") or 0)
-        source = f"configured: {target.get('pool_threads_source', 'unknown')}"
+        configured = target.pool_threads or 0
+        source = f"configured: {target.pool_threads_source or 'unknown'}"
         finding = (
-            oversubscription(configured, source, 0.0, quota)
-            if target.get("openmp_runtime")
-            else None
+            oversubscription(configured, source, 0.0, quota) if target.openmp_runtime else None
         )
         if finding:
             findings.append(finding)

@@ -118,8 +118,8 @@ def classify(
     bundle: Bundle, tids: list[int], names: dict[int, str], busy: set[int] | None = None
 ) -> tuple[tuple[ThreadRole, ...], tuple[Pool, ...]]:
     """Roles of the threads; `busy` are those that used CPU in the window (for /proc inference)."""
-    manifest_target = bundle.manifest.get("target", {})
-    pid = int(manifest_target.get("pid", 0))
+    manifest_target = bundle.manifest.target
+    pid = manifest_target.pid or 0
     python_tids = set(bundle.pyspy.names) if bundle.pyspy else set()
     if bundle.pyspy is not None:
         python_tids |= {int(t) for t in np.unique(bundle.pyspy.tid) if t}
@@ -134,7 +134,7 @@ def classify(
             if waker in python_tids and wakee not in python_tids:
                 woken_by_python[wakee] += count
                 waker_of.setdefault(wakee, Counter())[waker] += count
-    openmp_path = manifest_target.get("openmp_runtime")
+    openmp_path = manifest_target.openmp_runtime
     blind = bundle.perf is None and (bundle.sched is None or not bundle.sched.scheduler_traced)
     roles: list[ThreadRole] = []
     members: dict[str, list[int]] = {}
@@ -183,7 +183,7 @@ def classify(
             openmp_path
             if pool_name == "openmp"
             else next(
-                (r["path"] for r in manifest_target.get("runtimes", []) if r["name"] == pool_name),
+                (r.path for r in manifest_target.runtimes if r.name == pool_name),
                 None,
             )
         )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bundle.manifest import QuotaFacts
 from ..bundle.read import CgroupSeries
 from ..host.cgroup import recommended_threads
 
@@ -31,16 +32,16 @@ def quota_use(
     series: CgroupSeries | None,
     window: tuple[int, int],
     cpus_allowed: int,
-    manifest_quota: dict | None,
+    manifest_quota: QuotaFacts | None,
 ) -> QuotaUse | None:
     if series is None or len(series.t_ns) < 2:
-        if not manifest_quota:
+        if manifest_quota is None:
             return None
-        cores = manifest_quota.get("effective_cores")
+        cores = manifest_quota.effective_cores
         return QuotaUse(
             cores,
-            manifest_quota.get("source"),
-            manifest_quota.get("period_us"),
+            manifest_quota.source,
+            manifest_quota.period_us,
             None,
             0,
             0,

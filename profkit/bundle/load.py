@@ -192,7 +192,7 @@ class BundleFiles:
         )
 
     def manifest(self) -> Fields:
-        """The manifest, its version and the values analysis takes from it checked."""
+        """The manifest, its version checked (bundle/manifest.py checks the values it takes)."""
         path = self.directory / MANIFEST
         raw = self.raw(MANIFEST)
         if raw is None:
@@ -206,7 +206,6 @@ class BundleFiles:
             raise BadBundle(
                 f"{path} has schema {version}; this profkit reads up to {SCHEMA_VERSION}"
             )
-        check_manifest(manifest)
         return manifest
 
     def part(self, name: str) -> Fields | None:
@@ -224,42 +223,6 @@ class BundleFiles:
                 raise BadBundle(f"{path} holds {describe(data)}, not a collector's data")
             self._parts[name] = Fields(data, str(path))
         return self._parts[name]
-
-
-def check_manifest(manifest: Fields) -> None:
-    """The manifest's values that analysis and rendering take as they are (the readers here
-    check what they take themselves)."""
-    manifest.maybe_text("status")
-    manifest.maybe_text("status_reason")
-    target = manifest.table("target", optional=True)
-    target.integer("pid", 0)
-    for key in ("cpus_allowed", "pool_threads"):
-        target.maybe_integer(key)
-    for key in ("openmp_runtime", "pool_threads_source", "torch_version"):
-        target.maybe_text(key)
-    target.texts("cmdline", optional=True)
-    for thread in target.objects("threads", optional=True):
-        thread.integer("tid")
-        thread.text("name")
-    for runtime in target.objects("runtimes", optional=True):
-        runtime.text("name")
-        runtime.text("path")
-    quota = manifest.maybe_table("quota")
-    if quota is not None:
-        quota.maybe_number("effective_cores", MIN_CORES)
-        quota.maybe_text("source")
-        quota.maybe_integer("period_us")
-    window = manifest.maybe_table("window")
-    if window is not None:
-        window.integer("start_ns", 0)
-        window.integer("end_ns", 0)
-    collectors = manifest.table("collectors", optional=True)
-    for name in collectors.data:
-        collector = collectors.table(name)
-        collector.maybe_text("status")
-        collector.maybe_text("reason")
-        collector.table("notes", optional=True)
-    manifest.table("options", optional=True)
 
 
 def describe(value: object) -> str:

@@ -23,6 +23,7 @@ from .load import (
     need_int,
     need_text,
 )
+from .manifest import Manifest
 from .parts import CGROUP, EBPF, NATIVE, OWNER, PERF, PROC, PYSPY
 
 I64 = np.int64
@@ -183,7 +184,7 @@ class CgroupSeries:
 @dataclass(frozen=True)
 class Bundle:
     directory: Path
-    manifest: dict
+    manifest: Manifest
     proc: ProcSeries | None
     pyspy: PythonSamples | None
     perf: PerfSamples | None
@@ -192,19 +193,18 @@ class Bundle:
 
     @property
     def window(self) -> tuple[int, int]:
-        window = self.manifest.get("window") or {}
-        return int(window.get("start_ns", 0)), int(window.get("end_ns", 0))
+        window = self.manifest.window
+        return (window.start_ns, window.end_ns) if window else (0, 0)
 
     def missing(self) -> dict[str, str]:
         """Collectors that gave nothing, with the reason the manifest records."""
         out = {}
-        for name, result in self.manifest.get("collectors", {}).items():
-            if result.get("status") not in ("ok", "partial"):
-                out[name] = f"{result.get('status')}: {result.get('reason', '')}".strip(": ")
+        for name, result in self.manifest.collectors.items():
+            if result.status not in ("ok", "partial"):
+                out[name] = f"{result.status}: {result.reason or ''}".strip(": ")
         if self.sched is not None and not self.sched.scheduler_traced:
-            reason = self.sched.scheduler_skipped or self.manifest.get("collectors", {}).get(
-                OWNER[EBPF], {}
-            ).get("reason", "")
+            ebpf = self.manifest.collectors.get(OWNER[EBPF])
+            reason = self.sched.scheduler_skipped or (ebpf.reason if ebpf else "")
             out["ebpf scheduler tracepoints"] = reason or "not traced"
         if self.sched is not None and self.sched.regions_skipped:
             out["ebpf OpenMP region probes"] = self.sched.regions_skipped
@@ -651,7 +651,7 @@ def load_bundle(directory: Path | str) -> Bundle:
         manifest = files.manifest()
         return Bundle(
             directory,
-            manifest.data,
+            Manifest.read(manifest),
             _proc(files),
             _pyspy(files, manifest) or python_samples_from_ebpf(files, manifest),
             _perf(files, manifest),

@@ -28,7 +28,7 @@ def flame(bundle: str, output: str, view: str, diff_bundle: str | None, mode: in
     report = analyse_bundle(bundle)
     stacks = build(report, view)
     other = build(analyse_bundle(diff_bundle), view) if diff_bundle else None
-    pid = report.bundle.manifest.get("target", {}).get("pid")
+    pid = report.bundle.manifest.target.pid
     title = f"profkit {view} flame graph, pid {pid}" + (
         f" (diff against {diff_bundle})" if diff_bundle else ""
     )

@@ -138,21 +138,21 @@ def _r(value: float | None, digits: int = 3) -> float | None:
 
 def report_dict(report: Report) -> ReportJson:
     manifest = report.bundle.manifest
-    target = manifest.get("target", {})
+    target = manifest.target
     recon = report.reconciliation
     quota = report.quota
     openmp = next((p for p in report.pools if p.pool.name == "openmp"), None)
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "bundle": str(report.bundle.directory),
-        "status": manifest.get("status"),
+        "status": manifest.status,
         "target": {
-            "pid": target.get("pid"),
-            "cmdline": target.get("cmdline"),
+            "pid": target.pid,
+            "cmdline": list(target.cmdline),
             "threads": len(report.cpu.threads),
-            "openmp_runtime": target.get("openmp_runtime"),
-            "torch_threads": openmp.pool.team_size if openmp else target.get("pool_threads"),
-            "torch_version": target.get("torch_version"),
+            "openmp_runtime": target.openmp_runtime,
+            "torch_threads": openmp.pool.team_size if openmp else target.pool_threads,
+            "torch_version": target.torch_version,
         },
         "window_seconds": _r(recon.window_seconds),
         "cpu": {

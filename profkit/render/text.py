@@ -27,11 +27,12 @@ def _short(label: str, width: int = 30) -> str:
 
 def render_text(report: Report) -> str:
     recon = report.reconciliation
-    target = report.bundle.manifest.get("target", {})
-    status = f"window {recon.window_seconds:.1f} s, status {report.bundle.manifest.get('status')}"
-    reason = report.bundle.manifest.get("status_reason")
+    manifest = report.bundle.manifest
+    target = manifest.target
+    status = f"window {recon.window_seconds:.1f} s, status {manifest.status}"
+    reason = manifest.status_reason
     lines = [
-        f"profkit report: pid {target.get('pid')}  {' '.join(target.get('cmdline', []))}"[:WIDTH],
+        f"profkit report: pid {target.pid}  {' '.join(target.cmdline)}"[:WIDTH],
         *textwrap.wrap(f"{status} ({reason})" if reason else status, WIDTH),
         "",
     ]

@@ -56,7 +56,7 @@ def _cut(
 def render_timeline(report: Report) -> str:
     bundle = report.bundle
     start, end = report.cpu.start_ns, report.cpu.end_ns
-    pid = int(bundle.manifest.get("target", {}).get("pid", 0))
+    pid = bundle.manifest.target.pid or 0
 
     def us(t: int) -> float:
         return round((t - start) / 1000.0, 3)

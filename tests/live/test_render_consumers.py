@@ -72,7 +72,7 @@ def test_speedscope_imports_export_and_timeline(tmp_path: Path) -> None:
     report = analyse_bundle(FANOUT)
     (site / "profile.json").write_text(speedscope(build(report, "merged"), "merged"))
     (site / "trace.json").write_text(render_timeline(report))
-    pid = report.bundle.manifest["target"]["pid"]
+    pid = report.bundle.manifest.target.pid
     with serve(site) as base, browser_page() as (page, errors):
         page.goto(f"{base}/index.html#profileURL={base}/profile.json")
         page.wait_for_selector("text=merged (all threads)", timeout=20_000)
