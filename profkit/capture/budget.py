@@ -53,11 +53,11 @@ PYSPY_CPU_S_PER_THREAD = {"native": 150e-6, "nonblocking": 30e-6}
 # profkit's own loop). Aimed at the whole budget, py-spy alone took it and the default set
 # cost more than the budget (docs/results/pyspy-cost.md#what-the-rule-picks); with each
 # collector judged against the whole budget, the parts could add up to twice it.
-PYSPY_STOP_SHARE = 0.35
-PYSPY_CPU_SHARE = 0.15
-REGION_PROBE_SHARE = 0.15
-SCHED_TRACE_SHARE = 0.2
-FIXED_SHARE = 0.15
+PYSPY_STOP_PART = 0.35
+PYSPY_CPU_PART = 0.15
+REGION_PROBE_PART = 0.15
+SCHED_TRACE_PART = 0.2
+FIXED_PART = 0.15
 # Without py-spy in the capture (the default where the eBPF walker runs) its parts are not spent,
 # and neither is the scheduler's where the scheduler is not traced: the probes keep their own
 # part. The walker's default set then aims at 0.3-0.5 of --budget (0.6-1% at the default 2%),
@@ -67,46 +67,46 @@ FIXED_SHARE = 0.15
 # (docs/results/overhead.md#why-the-probes-keep-their-own-part-of-the-budget).
 
 
-def pyspy_stop_share(probes: bool) -> float:
+def pyspy_stop_part(probes: bool) -> float:
     """py-spy's part of the budget for its stops. Without the eBPF probes (no bcc, or not
     requested) their parts are free, and the stops may have them: native frames are what
     places the pool's work under its Python call site when no region probe does."""
-    return PYSPY_STOP_SHARE + (0.0 if probes else REGION_PROBE_SHARE + SCHED_TRACE_SHARE)
+    return PYSPY_STOP_PART + (0.0 if probes else REGION_PROBE_PART + SCHED_TRACE_PART)
 
 
 def default_rate(
     threads: int,
-    overhead_share: float,
+    budget: float,
     mode: PySpyMode = "native",
     cpus: float = 1.0,
-    stop_share: float = PYSPY_STOP_SHARE,
+    stop_part: float = PYSPY_STOP_PART,
 ) -> int:
     """The py-spy rate whose expected pauses and CPU fit their parts of the budget, 1 to 10 Hz."""
     threads = max(1, threads)
     by_cpu = (
-        PYSPY_CPU_SHARE
-        * overhead_share
+        PYSPY_CPU_PART
+        * budget
         * max(1.0, cpus)
         / (threads * PYSPY_CPU_S_PER_THREAD.get(mode, PYSPY_CPU_S_PER_THREAD["native"]))
     )
     fits = by_cpu
     if mode == "native":
-        fits = min(fits, stop_share * overhead_share / native_sample_cost_s(threads, cpus))
+        fits = min(fits, stop_part * budget / native_sample_cost_s(threads, cpus))
     return max(1, min(MAX_DEFAULT_RATE_HZ, int(fits)))
 
 
 def auto_mode(
-    threads: int, overhead_share: float, cpus: float, stop_share: float = PYSPY_STOP_SHARE
+    threads: int, budget: float, cpus: float, stop_part: float = PYSPY_STOP_PART
 ) -> tuple[PySpyMode, str]:
     """--native where even its slowest rate (1 Hz) fits the stops' part of the budget, else
     --nonblocking; and why."""
     cost = native_sample_cost_s(threads, cpus)
-    if cost <= stop_share * overhead_share:
+    if cost <= stop_part * budget:
         return "native", ""
     return "nonblocking", (
         f"--native would hold {threads} threads on {cpus:g} CPUs stopped ~{1000 * cost:.0f} ms "
         f"per sample, {100 * cost:.1f}% of the time at 1 Hz, over the "
-        f"{100 * stop_share * overhead_share:.2g}% part of the {100 * overhead_share:g}% budget "
+        f"{100 * stop_part * budget:.2g}% part of the {100 * budget:g}% budget "
         f"that py-spy's stops may take"
     )
 
@@ -118,8 +118,8 @@ def auto_mode(
 SCHED_TRACE_COST_S_PER_SWITCH = 3e-6
 
 
-def sched_trace_share(switches_per_s: float, cpus: int) -> float:
-    """Expected share of the target's throughput that tracing every switch costs."""
+def sched_trace_cost(switches_per_s: float, cpus: int) -> float:
+    """The expected cost of tracing every switch: the part of the target's throughput lost."""
     return switches_per_s / max(1, cpus) * SCHED_TRACE_COST_S_PER_SWITCH
 
 
@@ -127,7 +127,7 @@ def sched_trace_share(switches_per_s: float, cpus: int) -> float:
 class Budget:
     # The most of the target's throughput the capture may cost it, 0 to 1 (`--budget` is this
     # in percent). The parts above share it out; py-spy's stops are also watched against it.
-    overhead_share: float = 0.02
+    fraction: float = 0.02
     tool_cores: float = 0.5  # CPU of profkit and its tools together
     window_s: float = 3.0  # the tools' CPU is judged over this much of the recent past
     stop_window_s: float = 10.0  # the stops over this much: they are rare events, see below
@@ -136,7 +136,7 @@ class Budget:
 
 # A /proc sample catches a py-spy stop only if it lands inside one, and at 5 Hz against a few
 # ms of stop every half second most samples miss, so one sample that hits a stop reads as many
-# times the true share, and taken at face value it restarted py-spy --nonblocking for nothing
+# times the true stopped time, and taken at face value it restarted py-spy --nonblocking for nothing
 # (docs/results/pyspy-cost.md#judging-the-stops). So the judgement uses the lower bound of a
 # 95% Wilson interval over the sample instants (threads stop together, so instants, not thread
 # rows, are the independent draws), with at least a few of them.
@@ -145,12 +145,12 @@ MIN_STOP_INSTANTS = 5
 # Consecutive stopped instants are one stop, not several draws: py-spy --native reads a
 # library's symbols the first time a sample lands in it, with the target stopped for a few
 # tenths of a second, sometimes mid-window, and the 5-Hz samples inside that one pause would
-# read as a large share stopped (docs/results/pyspy-cost.md#judging-the-stops). A single pause
+# read as a long time stopped (docs/results/pyspy-cost.md#judging-the-stops). A single pause
 # this long is a cost paid once; one of HANG_S or more is not py-spy sampling any more, and is
 # acted on at once.
 HANG_S = 1.0
 # py-spy goes --nonblocking when the stops show (with that confidence) over this many times the
-# whole overhead share: the default rate is chosen to sit inside its part, and a restart costs
+# whole budget: the default rate is chosen to sit inside its part, and a restart costs
 # py-spy's start-up CPU, so only a clear excess is acted on.
 STOP_LIMIT = 2.0
 
@@ -162,8 +162,8 @@ def times(factor: float) -> str:
 
 @dataclass(frozen=True)
 class StopEstimate:
-    share: float  # of the sampled thread time in tracing stop
-    lower: float  # the share that the samples show with 95% confidence
+    stopped: float  # the fraction of the sampled thread time in tracing stop
+    lower: float  # the fraction that the samples show with 95% confidence
     instants: int
     longest_s: float = 0.0  # the longest run of stopped instants, first to last
 
@@ -172,23 +172,23 @@ def wilson_lower(hits: float, draws: int, z: float = STOP_CONFIDENCE_Z) -> float
     """Lower bound of the Wilson score interval for hits out of draws."""
     if draws <= 0:
         return 0.0
-    share = hits / draws
-    centre = share + z * z / (2 * draws)
-    margin = z * math.sqrt(share * (1 - share) / draws + z * z / (4 * draws * draws))
+    p = hits / draws
+    centre = p + z * z / (2 * draws)
+    margin = z * math.sqrt(p * (1 - p) / draws + z * z / (4 * draws * draws))
     return max(0.0, (centre - margin) / (1 + z * z / draws))
 
 
 def _stop_episodes(instants: list[tuple[int, int, int]]) -> tuple[float, float]:
     """Hits for the Wilson bound, one per run of consecutive stopped instants (the run's largest
-    stopped share), and the longest run's length in seconds."""
-    hits, longest_ns, run_share, run_start = 0.0, 0, 0.0, None
+    stopped fraction), and the longest run's length in seconds."""
+    hits, longest_ns, run_stopped, run_start = 0.0, 0, 0.0, None
     for t, total, stopped in [*instants, (0, 1, 0)]:  # a sentinel closes the last run
         if stopped:
             run_start = t if run_start is None else run_start
-            run_share = max(run_share, stopped / total)
+            run_stopped = max(run_stopped, stopped / total)
             longest_ns = max(longest_ns, t - run_start)
         elif run_start is not None:
-            hits, run_share, run_start = hits + run_share, 0.0, None
+            hits, run_stopped, run_start = hits + run_stopped, 0.0, None
     return hits, longest_ns / 1e9
 
 
@@ -215,7 +215,7 @@ class BudgetMonitor:
     _rows_seen: int = 0
     _stops: deque[tuple[int, int, int]] = field(default_factory=deque)
 
-    def stopped_share(self, rows: list[tuple[int, ...]], now_ns: int) -> StopEstimate | None:
+    def stop_estimate(self, rows: list[tuple[int, ...]], now_ns: int) -> StopEstimate | None:
         """How much of the target's thread time was in tracing stop lately (rows: /proc
         sampler); None until there are enough sample instants to judge."""
         fresh = rows[self._rows_seen :]
@@ -237,10 +237,10 @@ class BudgetMonitor:
             self._stops.popleft()
         if len(self._stops) < MIN_STOP_INSTANTS:
             return None
-        share = sum(s[2] for s in self._stops) / sum(s[1] for s in self._stops)
+        fraction = sum(s[2] for s in self._stops) / sum(s[1] for s in self._stops)
         hits, longest_s = _stop_episodes(list(self._stops))
         instants = len(self._stops)
-        return StopEstimate(share, wilson_lower(hits, instants), instants, longest_s)
+        return StopEstimate(fraction, wilson_lower(hits, instants), instants, longest_s)
 
     def tool_cores(self, pids: list[int], now_ns: int) -> float | None:
         """CPU of profkit itself and its tools over the window, in cores."""

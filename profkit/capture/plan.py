@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from ..errors import PermissionDenied, UsageError
 from ..host.cgroup import CgroupError, cpu_cgroup
 from ..host.target import Target
-from .budget import auto_mode, default_rate, pyspy_stop_share
+from .budget import auto_mode, default_rate, pyspy_stop_part
 from .collectors.base import CaptureOptions
 from .ebpf.collector import EbpfCollector
 from .ebpf.pywalk import PythonWalker
@@ -72,13 +72,13 @@ def plan_pyspy(
     """py-spy's mode (where "auto") and rate (where not given), from the part of the budget its
     stops may take, larger without the eBPF region probes (probes)."""
     cpus = usable_cpus(target.pid)
-    share = options.budget.overhead_share
-    stop_share = pyspy_stop_share(probes)
+    budget = options.budget.fraction
+    stop_part = pyspy_stop_part(probes)
     if options.pyspy_mode == "auto":
-        mode, reason = auto_mode(target.threads, share, cpus, stop_share)
+        mode, reason = auto_mode(target.threads, budget, cpus, stop_part)
         options = replace(options, pyspy_mode=mode, pyspy_mode_reason=reason)
     if rate_hz is None:
-        rate_hz = default_rate(target.threads, share, options.pyspy_mode, cpus, stop_share)
+        rate_hz = default_rate(target.threads, budget, options.pyspy_mode, cpus, stop_part)
     return options, rate_hz
 
 

@@ -321,7 +321,7 @@ class Session:
         much, and a collector is stopped when the tools use too much CPU."""
         clock = self.request.clock
         proc = self._running("proc", ProcCollector)
-        stops = monitor.stopped_share(proc.rows, now) if proc is not None else None
+        stops = monitor.stop_estimate(proc.rows, now) if proc is not None else None
         children = [child.pid for child in self.record.children]
         cores = monitor.tool_cores([os.getpid(), *children], now)
         if not monitor.settled(now):
@@ -331,15 +331,12 @@ class Session:
             stops is not None
             and pyspy is not None
             and "pyspy" not in self.dropped
-            and (
-                stops.lower > STOP_LIMIT * monitor.budget.overhead_share
-                or stops.longest_s >= HANG_S
-            )
+            and (stops.lower > STOP_LIMIT * monitor.budget.fraction or stops.longest_s >= HANG_S)
         ):
             why = (
-                f"target stopped {100 * stops.share:.1f}% of the time by py-spy (at least "
+                f"target stopped {100 * stops.stopped:.1f}% of the time by py-spy (at least "
                 f"{100 * stops.lower:.1f}% with 95% confidence over {stops.instants} samples), "
-                f"over {times(STOP_LIMIT)} the {100 * monitor.budget.overhead_share:g}% budget"
+                f"over {times(STOP_LIMIT)} the {100 * monitor.budget.fraction:g}% budget"
                 if stops.longest_s < HANG_S
                 else f"py-spy held the target stopped for {stops.longest_s:.1f} s at once"
             )
@@ -518,7 +515,7 @@ def _options_record(request: CaptureRequest) -> dict[str, object]:
         "rate_hz": request.rate_hz,
         "collectors": list(request.collectors),
         "max_size_mb": request.max_size_mb,
-        "budget": {"overhead_share": budget.overhead_share, "tool_cores": budget.tool_cores},
+        "budget": {"fraction": budget.fraction, "tool_cores": budget.tool_cores},
         "perf_callgraph": options.perf_callgraph,
         "perf_rate_hz": options.perf_rate_hz,
         "perf_scope": options.perf_scope,

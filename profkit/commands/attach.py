@@ -38,7 +38,7 @@ def run_capture(
     perf_rate: int,
     no_report: bool,
     perf_scope: str = "cpu",
-    budget_pct: float = 100 * Budget().overhead_share,
+    budget_pct: float = 100 * Budget().fraction,
     tool_cores: float = Budget().tool_cores,
     pyspy_mode: PySpyMode = "auto",
     ebpf_sched: EbpfSched = "auto",
@@ -60,7 +60,7 @@ def run_capture(
             err=True,
         )
     options = CaptureOptions(
-        budget=Budget(overhead_share=budget_pct / 100, tool_cores=tool_cores),
+        budget=Budget(fraction=budget_pct / 100, tool_cores=tool_cores),
         pyspy_mode=pyspy_mode,
         python_stacks=python_stacks,
         ebpf_sched=ebpf_sched,

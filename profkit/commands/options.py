@@ -13,12 +13,12 @@ from ..bundle.write import check_output
 from ..capture.budget import (
     HANG_S,
     MAX_DEFAULT_RATE_HZ,
-    PYSPY_CPU_SHARE,
-    PYSPY_STOP_SHARE,
-    SCHED_TRACE_SHARE,
+    PYSPY_CPU_PART,
+    PYSPY_STOP_PART,
+    SCHED_TRACE_PART,
     STOP_LIMIT,
     Budget,
-    pyspy_stop_share,
+    pyspy_stop_part,
     times,
 )
 from ..capture.plan import DEFAULT_COLLECTORS, parse_collectors
@@ -151,8 +151,8 @@ def capture_options(function: F) -> F:
             default=None,
             help=f"py-spy sampling rate in Hz (default: up to {MAX_DEFAULT_RATE_HZ}, chosen from "
             "the target's thread and CPU counts so that py-spy's pauses and its own CPU fit "
-            f"their parts of --budget: {pct(PYSPY_STOP_SHARE)} and {pct(PYSPY_CPU_SHARE)}, the "
-            f"pauses {pct(pyspy_stop_share(probes=False))} where no eBPF probe runs).",
+            f"their parts of --budget: {pct(PYSPY_STOP_PART)} and {pct(PYSPY_CPU_PART)}, the "
+            f"pauses {pct(pyspy_stop_part(probes=False))} where no eBPF probe runs).",
         ),
         click.option(
             "--pyspy-mode",
@@ -168,7 +168,7 @@ def capture_options(function: F) -> F:
             "--stop-budget",
             "budget_pct",
             type=Number(float, 0, 100, low_open=True, unit="%"),
-            default=100 * Budget().overhead_share,
+            default=100 * Budget().fraction,
             show_default=True,
             help="Most % of the target's throughput profkit may cost it: sets py-spy's rate "
             "and mode, whether the scheduler is traced and whether the OpenMP region probes "
@@ -184,7 +184,7 @@ def capture_options(function: F) -> F:
             show_default=True,
             help="Scheduler tracepoints (slices, wakeups): auto traces them unless the machine's "
             "context-switch rate says they would cost more than their part "
-            f"({pct(SCHED_TRACE_SHARE)}) of --budget.",
+            f"({pct(SCHED_TRACE_PART)}) of --budget.",
         ),
         click.option(
             "--ebpf-loader",

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from profkit.bundle.read import load_bundle
-from profkit.capture.budget import DROP, REGION_PROBE_SHARE, SCHED_TRACE_SHARE
+from profkit.capture.budget import DROP, REGION_PROBE_PART, SCHED_TRACE_PART
 from profkit.capture.ebpf.duty import MIN_DUTY
 from profkit.capture.session import SAMPLERS
 from profkit.capture.startup import LONG_STOP_S
@@ -534,7 +534,7 @@ def test_a_busy_machine_is_not_traced_at_every_switch(
         busy.wait()
     assert result.returncode == 0, result.stderr
     decision = json.loads((out / "ebpf.json").read_text())["sched"]
-    if decision["expected_share"] <= SCHED_TRACE_SHARE * 0.02:
+    if decision["expected_cost"] <= SCHED_TRACE_PART * 0.02:
         pytest.skip(f"{decision['switches_per_s']} switches/s is not busy on this many CPUs")
     assert decision["traced"] is False
     assert "scheduler tracepoints skipped" in decision["reason"]
@@ -577,7 +577,7 @@ def test_a_flood_of_small_regions_switches_the_region_probes(
     kept = json.loads((loose / "ebpf.json").read_text())
     measured = kept["regions_decision"]
     assert measured["traced"] is True and "duty" not in measured, measured
-    assert measured["expected_share"] > 0, measured
+    assert measured["expected_cost"] > 0, measured
     # Kept on: every region entered was seen to its end and kept, but for the one the
     # dispatching thread may still be in as they are counted (as in
     # test_region_ends_follow_the_workers_copy_work).
@@ -587,8 +587,8 @@ def test_a_flood_of_small_regions_switches_the_region_probes(
 
     def budget(share_of_measured: float) -> str:
         """--budget whose probes' part is this share of what the measured rate costs."""
-        part = share_of_measured * measured["expected_share"]
-        return f"{100 * part / REGION_PROBE_SHARE:.4g}"
+        part = share_of_measured * measured["expected_cost"]
+        return f"{100 * part / REGION_PROBE_PART:.4g}"
 
     # A part 0.15 of the measured cost: the probes are switched unless this capture's check
     # counts under 0.15 of the rate measured, and taken off only over 7.5 times it (a duty

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from profkit.capture.budget import REGION_PROBE_SHARE
+from profkit.capture.budget import REGION_PROBE_PART
 
 from ..support import RECIPES, run_profkit
 from .conftest import StartRecipe, attach
@@ -132,9 +132,9 @@ def test_three_sites_with_the_probes_switched(start_recipe: StartRecipe, tmp_pat
     assert measuring.returncode == 0, measuring.stderr
     measured = json.loads((rate / "ebpf.json").read_text())["regions_decision"]
     assert measured["traced"] is True and "duty" not in measured, measured
-    assert measured["regions_per_s"] > 0 and measured["expected_share"] > 0, measured
+    assert measured["regions_per_s"] > 0 and measured["expected_cost"] > 0, measured
     duty = 1 / 3
-    budget = 100 * duty * measured["expected_share"] / REGION_PROBE_SHARE
+    budget = 100 * duty * measured["expected_cost"] / REGION_PROBE_PART
     duration = min(40.0, max(8.0, 50 * 6 / (duty * measured["regions_per_s"])))
     out = tmp_path / "b"
     captured = attach(
@@ -145,8 +145,8 @@ def test_three_sites_with_the_probes_switched(start_recipe: StartRecipe, tmp_pat
     decision = ebpf["regions_decision"]
     assert "duty" in decision, f"not switched at --budget {budget:.4g}: {decision}; {measured}"
     manifest = json.loads((out / "manifest.json").read_text())
-    part = REGION_PROBE_SHARE * manifest["options"]["budget"]["overhead_share"]
-    assert decision["expected_share"] > part, (decision, part)
+    part = REGION_PROBE_PART * manifest["options"]["budget"]["fraction"]
+    assert decision["expected_cost"] > part, (decision, part)
     on = decision["on_ns"]
     assert len(on) == 1 and ebpf["slices"]["tid"], decision
     window = manifest["window"]

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from profkit.capture.budget import Budget, PySpyMode, auto_mode, default_rate, pyspy_stop_share
+from profkit.capture.budget import Budget, PySpyMode, auto_mode, default_rate, pyspy_stop_part
 from profkit.capture.collectors.base import CaptureOptions
 from profkit.capture.plan import plan_capture, usable_cpus
 from profkit.host.target import Target, inspect
@@ -19,11 +19,11 @@ def this_process(threads: int) -> Target:
     return replace(inspect(os.getpid()), threads=threads, has_torch=True)
 
 
-def test_auto_mode_and_the_default_rate_come_from_the_overhead_share() -> None:
+def test_auto_mode_and_the_default_rate_come_from_the_budget() -> None:
     target = this_process(9)
-    options = CaptureOptions(budget=Budget(overhead_share=0.05), pyspy_mode="auto")
+    options = CaptureOptions(budget=Budget(fraction=0.05), pyspy_mode="auto")
     plan = plan_capture(target, "proc", None, options)
-    cpus, stops = usable_cpus(target.pid), pyspy_stop_share(probes=False)
+    cpus, stops = usable_cpus(target.pid), pyspy_stop_part(probes=False)
     mode, reason = auto_mode(9, 0.05, cpus, stops)
     assert (plan.options.pyspy_mode, plan.options.pyspy_mode_reason) == (mode, reason)
     assert plan.rate_hz == default_rate(9, 0.05, mode, cpus, stops)
@@ -32,7 +32,7 @@ def test_auto_mode_and_the_default_rate_come_from_the_overhead_share() -> None:
 
 
 def test_a_tiny_budget_sends_pyspy_nonblocking_and_says_why() -> None:
-    options = CaptureOptions(budget=Budget(overhead_share=0.001), pyspy_mode="auto")
+    options = CaptureOptions(budget=Budget(fraction=0.001), pyspy_mode="auto")
     plan = plan_capture(this_process(65), "proc", 7, options)
     assert plan.options.pyspy_mode == "nonblocking"
     assert plan.rate_hz == 7, "a rate asked for is kept"
@@ -42,7 +42,7 @@ def test_a_tiny_budget_sends_pyspy_nonblocking_and_says_why() -> None:
 
 @pytest.mark.parametrize("mode", ["native", "nonblocking"])
 def test_a_mode_asked_for_is_kept_without_a_note(mode: PySpyMode) -> None:
-    options = CaptureOptions(budget=Budget(overhead_share=0.001), pyspy_mode=mode)
+    options = CaptureOptions(budget=Budget(fraction=0.001), pyspy_mode=mode)
     plan = plan_capture(this_process(65), "proc", None, options)
     assert (plan.options.pyspy_mode, plan.options.pyspy_mode_reason, plan.notes) == (mode, "", ())
 

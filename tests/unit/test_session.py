@@ -100,7 +100,7 @@ def test_a_capture_opens_runs_and_closes(session: Callable[..., CaptureRequest])
     assert set(manifest["teardown_s"]) == {"proc", "perf_record"}
     assert ticks and ticks[-1].samples == {"proc": 3, "perf_record": 3}
     assert manifest["window"]["end_ns"] > manifest["window"]["start_ns"]
-    assert manifest["options"]["budget"] == {"overhead_share": 0.02, "tool_cores": 0.5}
+    assert manifest["options"]["budget"] == {"fraction": 0.02, "tool_cores": 0.5}
     assert not list(runs.RUN_DIR.glob("*.json")), "the run record is removed"
 
 

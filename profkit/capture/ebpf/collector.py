@@ -25,7 +25,7 @@ from ...bundle.parts import EBPF, NATIVE, CollectorResult
 from ...bundle.safefile import write_new
 from ...host import procfs
 from ...host.target import Target
-from ..budget import REGION_PROBE_SHARE
+from ..budget import REGION_PROBE_PART
 from ..collectors.base import Availability, CaptureContext
 from . import libbpf
 from .core_program import SCHED_PROGRAMS, load_process
@@ -433,12 +433,12 @@ class EbpfCollector:
             rates = {
                 i: (n - before.get(i, 0)) / elapsed_s for i, n in self._entries_by_copy().items()
             }
-            share = IN_PLACE * sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
-            return RegionCount(sum(rates.values()), share)
+            cost = IN_PLACE * sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
+            return RegionCount(sum(rates.values()), cost)
 
         first = counted(start, before, seconds)
         pyspy = "pyspy" in context.collectors
-        budget = REGION_PROBE_SHARE * context.options.budget.overhead_share
+        budget = REGION_PROBE_PART * context.options.budget.fraction
         walker = self.walker is not None and self.walker.layout is not None
         # The check ran while the other tools started, and can count fewer regions than the
         # window sees: near the part, it counts again, and judges by the higher rate.

@@ -5,7 +5,7 @@ region then cost its dispatching thread several percent. Detaching the probes wo
 pool with no call site at all where py-spy is not in the capture, and that loop is the case a
 user most needs one for. So the probes are on for `duty` of the time and off for the rest: the
 regions of the on-times are a sample of the window's regions in time, their stacks place the
-pool's work, and on average the traps cost what their share of the budget allows. The on-times
+pool's work, and on average the traps cost what their part of the budget allows. The on-times
 go into ebpf.json (regions_decision.on_ns), and the analysis takes the pool's worker time only
 from them.
 

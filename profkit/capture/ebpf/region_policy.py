@@ -20,18 +20,18 @@ RegionAction = Literal["keep", "switch", "detach"]
 
 @dataclass(frozen=True)
 class RegionCount:
-    """Regions a second over a count, and the share of the dispatching threads their probes
-    would cost."""
+    """Regions a second over a count, and what their probes would cost the dispatching threads
+    (a fraction of their time)."""
 
     per_s: float
-    share: float
+    cost: float
 
 
 @dataclass(frozen=True)
 class RegionDecision:
     action: RegionAction
     per_s: float  # the rate judged by: the higher of the two counts where there were two
-    share: float
+    cost: float  # of the dispatching threads' time, with the probes on all the time
     cost_per_region_s: float
     budget: float  # the probes' part of --budget
     duty: float = 1.0  # for "switch": the part of the window the probes are on
@@ -44,7 +44,7 @@ class RegionDecision:
             "traced": self.action != "detach",
             "regions_per_s": round(self.per_s),
             "cost_per_region_us": round(self.cost_per_region_s * 1e6, 1),
-            "expected_share": self.share,
+            "expected_cost": self.cost,
         }
         if self.recounted_per_s is not None:
             record["regions_per_s_recounted"] = round(self.recounted_per_s)
@@ -57,7 +57,7 @@ class RegionDecision:
 
 def needs_recount(first: RegionCount, budget: float, walker: bool, pyspy: bool) -> bool:
     """A first count near the probes' part is counted again before they stay on."""
-    return walker and not pyspy and RECOUNT_ABOVE * budget < first.share <= budget
+    return walker and not pyspy and RECOUNT_ABOVE * budget < first.cost <= budget
 
 
 def decide_regions(
@@ -74,19 +74,19 @@ def decide_regions(
     fallback_cost_s: a region's cost where no region was counted; walker: the Python stack
     walker runs (its stacks are what a switched window keeps); pyspy: py-spy is in the set;
     sampling: the walker's sampler runs (the workers' samples place the pool without probes)."""
-    counted = again if again is not None and again.share > first.share else first
-    per_region_s = counted.share / counted.per_s if counted.per_s else fallback_cost_s
+    counted = again if again is not None and again.cost > first.cost else first
+    per_region_s = counted.cost / counted.per_s if counted.per_s else fallback_cost_s
     recounted = again.per_s if again is not None else None
-    if counted.share <= budget:
+    if counted.cost <= budget:
         return RegionDecision(
-            "keep", counted.per_s, counted.share, per_region_s, budget, 1.0, recounted
+            "keep", counted.per_s, counted.cost, per_region_s, budget, 1.0, recounted
         )
     cost = (
-        f"the target started {counted.per_s:,.0f} regions a second, ~{100 * counted.share:.1f}% "
+        f"the target started {counted.per_s:,.0f} regions a second, ~{100 * counted.cost:.1f}% "
         f"of its dispatching thread at {1e6 * per_region_s:.1f} us per region, over their "
-        f"{100 * budget:.2g}% share of the budget"
+        f"{100 * budget:.2g}% part of the budget"
     )
-    duty = budget / counted.share
+    duty = budget / counted.cost
     if walker and not pyspy and duty >= MIN_DUTY:
         # The walker's stacks are what place the pool here: a sample of the regions in time
         # keeps them, at the budget's cost (duty.py).
@@ -95,7 +95,7 @@ def decide_regions(
             "pool's call sites come from the regions of those times"
         )
         return RegionDecision(
-            "switch", counted.per_s, counted.share, per_region_s, budget, duty, recounted, reason
+            "switch", counted.per_s, counted.cost, per_region_s, budget, duty, recounted, reason
         )
     reason = f"OpenMP region probes detached: {cost}; " + (
         "the pool's call sites come from its workers' samples, no region is counted"
@@ -105,5 +105,5 @@ def decide_regions(
         else "attribution has no call site for the pool (py-spy's native stacks would give one)"
     )
     return RegionDecision(
-        "detach", counted.per_s, counted.share, per_region_s, budget, duty, recounted, reason
+        "detach", counted.per_s, counted.cost, per_region_s, budget, duty, recounted, reason
     )

@@ -7,14 +7,14 @@ import os
 import time
 
 from ...host import procfs
-from ..budget import SCHED_TRACE_SHARE, sched_trace_share
+from ..budget import SCHED_TRACE_PART, sched_trace_cost
 from ..clock import Clock
 from ..collectors.base import CaptureContext
 
 
 def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) -> dict[str, object]:
     """Whether to trace the scheduler: its tracepoints run on every context switch of the
-    machine, so on a busy one they cost more than their share of the budget
+    machine, so on a busy one they cost more than their part of the budget
     (docs/collectors.md)."""
     setting = context.options.ebpf_sched
     if setting != "auto":
@@ -23,22 +23,22 @@ def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) ->
             "setting": setting,
             "reason": "" if setting == "on" else "scheduler tracepoints off (--ebpf-sched off)",
         }
-    budget = SCHED_TRACE_SHARE * context.options.budget.overhead_share
+    budget = SCHED_TRACE_PART * context.options.budget.fraction
     rate = (switches or SwitchRate(context.clock)).rate()
-    share = sched_trace_share(rate, os.cpu_count() or 1)
+    cost = sched_trace_cost(rate, os.cpu_count() or 1)
     decision: dict[str, object] = {
-        "traced": share <= budget,
+        "traced": cost <= budget,
         "setting": "auto",
         "switches_per_s": round(rate),
-        "expected_share": share,
+        "expected_cost": cost,
     }
     decision["reason"] = (
         ""
-        if share <= budget
+        if cost <= budget
         else (
             f"scheduler tracepoints skipped: the machine switches {rate:,.0f} times a second on "
-            f"{os.cpu_count()} CPUs, which would cost the target ~{100 * share:.1f}%, over "
-            f"their {100 * budget:.2g}% share of the budget (--ebpf-sched on to trace anyway)"
+            f"{os.cpu_count()} CPUs, which would cost the target ~{100 * cost:.1f}%, over "
+            f"their {100 * budget:.2g}% part of the budget (--ebpf-sched on to trace anyway)"
         )
     )
     return decision
