@@ -3,12 +3,15 @@ recount near the part, and what ebpf.json records of each."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from profkit.capture.ebpf.duty import MIN_DUTY
 from profkit.capture.ebpf.region_policy import (
     RegionCount,
     RegionDecision,
+    RegionOutcome,
     decide_regions,
     needs_recount,
 )
@@ -69,3 +72,28 @@ def test_a_first_count_near_the_part_is_counted_again_and_the_higher_decides() -
 def test_no_region_counted_costs_what_one_would() -> None:
     decision = decide(RegionCount(0, 0.0))
     assert decision.action == "keep" and decision.cost_per_region_s == COST_S
+
+
+def test_a_switched_window_records_its_decision_then_its_on_times() -> None:
+    rate = 2_000
+    decision = decide(RegionCount(rate, rate * COST_S))
+    outcome = RegionOutcome(decision, decision.reason, recounted_per_s=1_950.4)
+    outcome = replace(
+        outcome,
+        duty=0.0912345,
+        on_ns=((10, 20), (30, 45)),
+        probed_s=0.25049,
+        regions_before_on_times=3,
+        regions_after_on_times=1,
+    )
+    record = outcome.as_record()
+    assert record["traced"] is True and record["reason"] == decision.reason
+    assert record["regions_per_s"] == rate and record["regions_per_s_recounted"] == 1_950
+    assert record["duty"] == 0.091 and record["probed_s"] == 0.25
+    assert record["on_ns"] == [[10, 20], [30, 45]]
+    assert (record["regions_before_on_times"], record["regions_after_on_times"]) == (3, 1)
+
+
+def test_a_failed_rate_check_records_only_why_the_probes_went() -> None:
+    why = "OpenMP region probes detached: the rate check failed: boom"
+    assert RegionOutcome(reason=why).as_record() == {"reason": why}

@@ -18,6 +18,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
@@ -36,10 +37,10 @@ from .logs import entry_count, read_log, sampled_count
 from .native import NATIVE_STACK_ENTRIES, native_tables, read_stacks
 from .programs import PYTHON_SAMPLE_HZ, OpenMPProgram, SchedProgram
 from .pywalk import PythonWalker
-from .region_policy import RegionCount, decide_regions, needs_recount
+from .region_policy import RegionCount, RegionOutcome, decide_regions, needs_recount
 from .region_probes import BccRegionProbes, CoreRegionProbes, RegionProbes
 from .regions import RuntimeProbes, Uprobe, find_probes, probeable, region_uprobes
-from .scheduler import SwitchRate, decide_sched
+from .scheduler import SchedDecision, SwitchRate, decide_sched
 
 # What the Python stack walker adds to a region's entry trap at its full 32 frames, measured
 # with benchmarks/probe_cost.py (docs/results/walker-cost.md).
@@ -71,9 +72,9 @@ class EbpfCollector:
         self._sched_bpf: BpfProgram | None = None
         # The target's process program, bcc's or the CO-RE object: both are read by map name.
         self._process: BpfProgram | CoreObject | None = None
-        self.sched_decision: dict[str, object] = {}
+        self.sched_decision: SchedDecision | None = None
         self._on_ns: list[tuple[int, int]] = []  # the switched probes' on-times
-        self.region_decision: dict[str, object] = {}
+        self.region_outcome = RegionOutcome()
         self._context: CaptureContext | None = None
         self.slices: dict[str, list[int]] = {
             "start_ns": [],
@@ -165,9 +166,9 @@ class EbpfCollector:
         # Decided before compiling, since the tracepoints are part of the one program: the
         # context-switch rate is counted over the walker's preparation.
         self.sched_decision = decide_sched(context, switches)
-        traced = bool(self.sched_decision["traced"])
+        traced = self.sched_decision.traced
         if not traced:
-            self.warnings.append(str(self.sched_decision["reason"]))
+            self.warnings.append(self.sched_decision.reason)
         # Native stacks come from the walker's sampler unless perf record samples them in this
         # capture, or DWARF call graphs were asked for (only perf unwinds those).
         self._native = (
@@ -199,9 +200,9 @@ class EbpfCollector:
             walker = bool(self._prepare_walker(target, context.options.python_stacks != "off"))
             layout = self.walker.layout if walker and self.walker is not None else None
             self.sched_decision = decide_sched(context, switches)
-            traced = bool(self.sched_decision["traced"])
+            traced = self.sched_decision.traced
             if not traced:
-                self.warnings.append(str(self.sched_decision["reason"]))
+                self.warnings.append(self.sched_decision.reason)
             self._native = (
                 walker
                 and "perf_record" not in context.collectors
@@ -274,7 +275,7 @@ class EbpfCollector:
         self.loader = "bcc"
         self.warnings = [why]
         self.attached = []
-        self.sched_decision = {}
+        self.sched_decision = None
         self._region_probes, self._hit_s, self.probed_runtimes = [], {}, []
         self._sampling = False
 
@@ -456,7 +457,7 @@ class EbpfCollector:
             pyspy=pyspy,
             sampling=self._sampling,
         )
-        self.region_decision = decision.as_record()
+        self.region_outcome = RegionOutcome(decision, decision.reason)
         if decision.action == "keep":
             return
         if decision.action == "detach":
@@ -474,10 +475,12 @@ class EbpfCollector:
             budget=budget,
         )
         self._cycle.start(decision.recounted_per_s)
-        self.region_decision["regions_per_s_recounted"] = round(self._cycle.recounted_per_s)
+        self.region_outcome = replace(
+            self.region_outcome, recounted_per_s=self._cycle.recounted_per_s
+        )
 
     def _detach_regions(self, reason: str) -> None:
-        self.region_decision["reason"] = reason
+        self.region_outcome = replace(self.region_outcome, reason=reason)
         self.warnings.append(reason)
         # Only the region probes go: the walker's sampler stays on the same program.
         with contextlib.suppress(Exception):
@@ -502,9 +505,12 @@ class EbpfCollector:
         cycle, self._cycle = self._cycle, None
         on_ns = cycle.stop()
         self._on_ns = list(on_ns)
-        self.region_decision["duty"] = round(cycle.duty, 3)  # the last, from the window's rate
-        self.region_decision["on_ns"] = [list(interval) for interval in on_ns]
-        self.region_decision["probed_s"] = round(cycle.probed_s, 3)
+        self.region_outcome = replace(
+            self.region_outcome,
+            duty=cycle.duty,  # the last, from the window's rate
+            on_ns=tuple((start, end) for start, end in on_ns),
+            probed_s=cycle.probed_s,
+        )
         if cycle.error:
             self.warnings.append(cycle.error)
 
@@ -624,8 +630,8 @@ class EbpfCollector:
                 "lost": self.lost,
                 "attached": self.attached,
                 "warnings": self.warnings,
-                "sched": self.sched_decision,
-                "regions_decision": self.region_decision,
+                "sched": self.sched_decision.as_record() if self.sched_decision else {},
+                "regions_decision": self.region_outcome.as_record(),
                 "window": {"start_ns": self._start_ns, "end_ns": end_ns},
                 "runtime": (
                     self._context.target.openmp_runtime.path
@@ -703,8 +709,9 @@ class EbpfCollector:
                 self.regions[key].append(getattr(v, key))
             self.regions["stack"].append(stack_index.get(int(v.stack), -1))
         if on:
-            self.region_decision["regions_before_on_times"] = early
-            self.region_decision["regions_after_on_times"] = late
+            self.region_outcome = replace(
+                self.region_outcome, regions_before_on_times=early, regions_after_on_times=late
+            )
 
     def _read_samples(
         self, bpf: BpfProgram, stack_index: dict[int, int]

@@ -55,6 +55,40 @@ class RegionDecision:
         return record
 
 
+@dataclass(frozen=True)
+class RegionOutcome:
+    """What became of the region probes over a capture: its decision (None where the rate
+    check failed before deciding), and what the window then did; ebpf.json's regions_decision.
+    The collector replaces it (dataclasses.replace) as the window goes on."""
+
+    decision: RegionDecision | None = None
+    reason: str = ""  # why the probes went off or were switched, where they did
+    recounted_per_s: float | None = None  # counted again as the switching started
+    duty: float | None = None  # the last one, from the window's rate
+    on_ns: tuple[tuple[int, int], ...] | None = None  # the switched probes' on-times
+    probed_s: float | None = None
+    regions_before_on_times: int | None = None  # the rate check's, left out
+    regions_after_on_times: int | None = None  # entered as the entry probes went off
+
+    def as_record(self) -> dict[str, object]:
+        record = self.decision.as_record() if self.decision else {}
+        if self.recounted_per_s is not None:
+            record["regions_per_s_recounted"] = round(self.recounted_per_s)
+        if self.reason:
+            record["reason"] = self.reason
+        if self.duty is not None:
+            record["duty"] = round(self.duty, 3)
+        if self.on_ns is not None:
+            record["on_ns"] = [list(interval) for interval in self.on_ns]
+        if self.probed_s is not None:
+            record["probed_s"] = round(self.probed_s, 3)
+        if self.regions_before_on_times is not None:
+            record["regions_before_on_times"] = self.regions_before_on_times
+        if self.regions_after_on_times is not None:
+            record["regions_after_on_times"] = self.regions_after_on_times
+        return record
+
+
 def needs_recount(first: RegionCount, budget: float, walker: bool, pyspy: bool) -> bool:
     """A first count near the probes' part is counted again before they stay on."""
     return walker and not pyspy and RECOUNT_ABOVE * budget < first.cost <= budget

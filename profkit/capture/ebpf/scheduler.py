@@ -5,34 +5,47 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 from ...host import procfs
 from ..budget import SCHED_TRACE_PART, sched_trace_cost
 from ..clock import Clock
-from ..collectors.base import CaptureContext
+from ..collectors.base import CaptureContext, EbpfSched
 
 
-def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) -> dict[str, object]:
+@dataclass(frozen=True)
+class SchedDecision:
+    """Whether the scheduler is traced, and why; ebpf.json's sched (docs/bundle.md)."""
+
+    traced: bool
+    setting: EbpfSched
+    reason: str = ""
+    switches_per_s: float | None = None  # where the rate decided
+    expected_cost: float | None = None  # of the target's throughput, traced all the time
+
+    def as_record(self) -> dict[str, object]:
+        record: dict[str, object] = {"traced": self.traced, "setting": self.setting}
+        if self.switches_per_s is not None:
+            record["switches_per_s"] = round(self.switches_per_s)
+            record["expected_cost"] = self.expected_cost
+        record["reason"] = self.reason
+        return record
+
+
+def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) -> SchedDecision:
     """Whether to trace the scheduler: its tracepoints run on every context switch of the
     machine, so on a busy one they cost more than their part of the budget
     (docs/collectors.md)."""
     setting = context.options.ebpf_sched
     if setting != "auto":
-        return {
-            "traced": setting == "on",
-            "setting": setting,
-            "reason": "" if setting == "on" else "scheduler tracepoints off (--ebpf-sched off)",
-        }
+        on = setting == "on"
+        return SchedDecision(
+            on, setting, "" if on else "scheduler tracepoints off (--ebpf-sched off)"
+        )
     budget = SCHED_TRACE_PART * context.options.budget.fraction
     rate = (switches or SwitchRate(context.clock)).rate()
     cost = sched_trace_cost(rate, os.cpu_count() or 1)
-    decision: dict[str, object] = {
-        "traced": cost <= budget,
-        "setting": "auto",
-        "switches_per_s": round(rate),
-        "expected_cost": cost,
-    }
-    decision["reason"] = (
+    reason = (
         ""
         if cost <= budget
         else (
@@ -41,7 +54,7 @@ def decide_sched(context: CaptureContext, switches: SwitchRate | None = None) ->
             f"their {100 * budget:.2g}% part of the budget (--ebpf-sched on to trace anyway)"
         )
     )
-    return decision
+    return SchedDecision(cost <= budget, "auto", reason, rate, cost)
 
 
 class SwitchRate:
