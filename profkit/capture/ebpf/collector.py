@@ -11,7 +11,6 @@ read after the window (logs.py).
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import ctypes
 import json
@@ -33,7 +32,16 @@ from .core_program import SCHED_PROGRAMS, load_process
 from .duty import RECOUNT_S, DutyCycle
 from .libbpf import CoreObject
 from .loader import BccUnavailable, BpfProgram, detach_uprobes, load_bcc
-from .logs import entry_count, read_log, sampled_count
+from .logs import (
+    SampleTables,
+    read_regions,
+    read_samples,
+    read_sched,
+    region_columns,
+    sampled_count,
+    slice_columns,
+    unseen_ends,
+)
 from .native import NATIVE_STACK_ENTRIES, native_tables, read_stacks
 from .programs import PYTHON_SAMPLE_HZ, OpenMPProgram, SchedProgram
 from .pywalk import PythonWalker
@@ -76,20 +84,8 @@ class EbpfCollector:
         self._on_ns: list[tuple[int, int]] = []  # the switched probes' on-times
         self.region_outcome = RegionOutcome()
         self._context: CaptureContext | None = None
-        self.slices: dict[str, list[int]] = {
-            "start_ns": [],
-            "end_ns": [],
-            "tid": [],
-            "voluntary": [],
-        }
-        self.regions: dict[str, list[int]] = {
-            "start_ns": [],
-            "end_ns": [],
-            "tid": [],
-            "requested": [],
-            "runtime": [],  # index into the probed runtimes
-            "stack": [],  # index into the walker's stacks, -1 for none
-        }
+        self.slices = slice_columns()
+        self.regions = region_columns()
         self.walker: PythonWalker | None = None
         self._region_probes: list[Uprobe] = []
         self._regions: RegionProbes | None = None
@@ -537,49 +533,39 @@ class EbpfCollector:
             # the reading below and the report (the maps stay readable).
             self._core.detach(wait=False)
         payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
-        # Off-CPU time per (Python stack, thread); the intervals still open at the window's end
-        # are closed here, as the threads' on/off-CPU times are.
+        # Off-CPU time per (Python stack, thread), the intervals still open at the window's
+        # end closed there, as the threads' on/off-CPU times are.
         offcpu_by_stack: dict[tuple[int, int], list[int]] = {}
         if self._sched_bpf is not None:
-            sched = self._sched_bpf
-            threads = {}
-            for key, value in sched["times"].items():
-                oncpu, offcpu = value.oncpu_ns, value.offcpu_ns
-                # Close the interval each thread is in at the end of the window.
-                if value.last_in_ns:
-                    oncpu += max(0, end_ns - value.last_in_ns)
-                elif value.last_out_ns:
-                    offcpu += max(0, end_ns - value.last_out_ns)
-                    if value.off_stack:
-                        open_off = offcpu_by_stack.setdefault((value.off_stack, key.value), [0, 0])
-                        open_off[0] += max(0, end_ns - value.last_out_ns)
-                threads[str(key.value)] = {
-                    "oncpu_ns": oncpu,
-                    "offcpu_ns": offcpu,
-                    "voluntary": value.voluntary,
-                    "involuntary": value.involuntary,
-                }
-            payload["threads"] = threads
-            self._read_slices(sched)
-            for k, v in sched["pystack_offcpu"].items():
-                off = offcpu_by_stack.setdefault((k.stack, k.tid), [0, 0])
-                off[0] += int(v.ns)
-                off[1] += int(v.switches)
-            payload["wakeups"] = [[k.waker, k.wakee, v.value] for k, v in sched["wakeups"].items()]
+            sched = read_sched(self._sched_bpf, end_ns, self.lost)
+            payload["threads"], payload["wakeups"] = sched.threads, sched.wakeups
+            self.slices, offcpu_by_stack = sched.slices, sched.offcpu_by_stack
         python: dict[str, object] = {"walker": "off", "reason": "no OpenMP region probe"}
         native_notes: dict[str, object] = {}
         if self.walker is not None:
             python["reason"] = self.walker.reason
         if self._process is not None:
             process = self._process
-            # One snapshot of both counters, then the log up to it: the target goes on
-            # starting regions while the log is read.
-            entries, ended = self._check_ends(process, warn=not self.regions_detached)
+            entries, ended, missed = unseen_ends(process)
+            # Not after the probes were detached: regions in flight then lose their ends, and
+            # the log is not read.
+            if not self.regions_detached and missed > max(5, entries // 100):
+                self.warnings.append(
+                    f"{missed} of {entries} OpenMP regions ended where the end probe did not "
+                    "see them: region times are incomplete"
+                )
             stack_index: dict[int, int] = {}
             if self.walker is not None and self.walker.layout is not None:
                 python, stack_index = self.walker.read()
             if not self.regions_detached:
-                self._read_regions(process, ended, stack_index)
+                found = read_regions(process, ended, stack_index, self._on_ns, self.lost)
+                self.regions = found.columns
+                if self._on_ns:
+                    self.region_outcome = replace(
+                        self.region_outcome,
+                        regions_before_on_times=found.before_on_times,
+                        regions_after_on_times=found.after_on_times,
+                    )
             if self._sampling:
                 native_notes = self._take_samples(process, python, stack_index)
             if self._sched_bpf is not None and stack_index:
@@ -603,9 +589,12 @@ class EbpfCollector:
         """The sampler's logs into the walker's part of ebpf.json, and native.json where it
         took native stacks; the notes on them for the manifest."""
         assert self._context is not None
-        python["samples"], python["dispatched"], native = self._read_samples(bpf, stack_index)
-        if native is None:
+        samples = read_samples(bpf, stack_index, self._sample_hz)
+        python["samples"], python["dispatched"] = samples.python, samples.dispatched
+        self.lost["python_samples"] = samples.lost
+        if not self._native:
             return {}
+        native = self._native_tables(bpf, samples)
         write_new(self._context.directory / NATIVE, json.dumps(native))
         return {
             "native_samples": len(native["samples"]["t_ns"]),
@@ -674,112 +663,29 @@ class EbpfCollector:
             },
         )
 
-    def _check_ends(self, bpf: BpfProgram, warn: bool = True) -> tuple[int, int]:
-        """Regions entered and ended so far; warns when ends went unseen (not after the probes
-        were detached: regions in flight then lose their ends, and the log is not read)."""
-        entries = entry_count(bpf)
-        ended = int(bpf["region_count"][ctypes.c_int(0)].value)
-        still_open = len(bpf["open_regions"])
-        missed = entries - ended - still_open
-        if warn and missed > max(5, entries // 100):
-            self.warnings.append(
-                f"{missed} of {entries} OpenMP regions ended where the end probe did not see "
-                "them: region times are incomplete"
+    def _native_tables(self, bpf: BpfProgram, samples: SampleTables) -> dict[str, Any]:
+        """Every thread's native stacks, where the sampler took them, as perf.json's tables."""
+        assert self._context is not None
+        pid = self._context.target.pid
+        # Imported here: it brings numpy, a tenth of a second start-up need not wait for.
+        from ...host.symbols import ProcessSymbols
+
+        # Without bcc, its symbol cache is not there either.
+        names = ProcessSymbols(pid) if self.loader == "core" else None
+        try:
+            native = native_tables(
+                [(int(v.t_ns), int(v.tid), int(v.native)) for _, v in samples.rows],
+                read_stacks(bpf["native_stacks"]),
+                pid,
+                round(1e9 / self._sample_hz),
+                names,
             )
-        return entries, ended
-
-    def _read_regions(self, bpf: BpfProgram, count: int, stack_index: dict[int, int]) -> None:
-        """Copy the in-kernel region log out in one batch, after the window. Where the probes
-        were switched, a region entered before the first on-time (during the rate check, before
-        the window) or after its on-time closed (while the entry probes were going off, some
-        still trapping) is left out: the regions kept are those of the on-times."""
-        on = sorted(self._on_ns)
-        opens = [a for a, _ in on]
-        early = late = 0
-        for _, v in read_log(bpf, "region_log", count, self.lost, "regions"):
-            if on:
-                at = bisect.bisect_right(opens, v.start_ns) - 1
-                if at < 0:
-                    early += 1  # the rate check's, before the window
-                    continue
-                if v.start_ns > on[at][1]:
-                    late += 1
-                    continue
-            for key in ("start_ns", "end_ns", "tid", "requested", "runtime"):
-                self.regions[key].append(getattr(v, key))
-            self.regions["stack"].append(stack_index.get(int(v.stack), -1))
-        if on:
-            self.region_outcome = replace(
-                self.region_outcome, regions_before_on_times=early, regions_after_on_times=late
-            )
-
-    def _read_samples(
-        self, bpf: BpfProgram, stack_index: dict[int, int]
-    ) -> tuple[dict[str, object], dict[str, object], dict[str, Any] | None]:
-        """The walker's on-CPU samples of the target's Python threads, in time order; those of
-        its other threads, with their dispatcher's stack; and, where the sampler took them,
-        every thread's native stacks as perf.json's tables."""
-        count = int(bpf["sample_count"][ctypes.c_int(0)].value)
-        columns: dict[str, list[int]] = {"t_ns": [], "tid": [], "stack": []}
-        # Samples of threads that are not Python threads, each with its dispatcher's stack where
-        # the program found one (dispatcher 0: none).
-        dispatched: dict[str, list[int]] = {
-            "t_ns": [],
-            "tid": [],
-            "dispatcher": [],
-            "how": [],
-            "stack": [],
-        }
-        lost = {"samples": 0}
-        rows = read_log(bpf, "sample_log", count, lost, "samples")
-        for _, v in rows:
-            if v.python:
-                columns["t_ns"].append(int(v.t_ns))
-                columns["tid"].append(int(v.tid))
-                columns["stack"].append(stack_index.get(int(v.stack), -1))
-            else:
-                dispatched["t_ns"].append(int(v.t_ns))
-                dispatched["tid"].append(int(v.tid))
-                dispatched["dispatcher"].append(int(v.dispatcher))
-                dispatched["how"].append(int(v.dispatch))
-                dispatched["stack"].append(stack_index.get(int(v.stack), -1))
-        self.lost["python_samples"] = lost["samples"]
-        native = None
-        if self._native:
-            assert self._context is not None
-            pid = self._context.target.pid
-            # Imported here: it brings numpy, a tenth of a second start-up need not wait for.
-            from ...host.symbols import ProcessSymbols
-
-            # Without bcc, its symbol cache is not there either.
-            names = ProcessSymbols(pid) if self.loader == "core" else None
-            try:
-                native = native_tables(
-                    [(int(v.t_ns), int(v.tid), int(v.native)) for _, v in rows],
-                    read_stacks(bpf["native_stacks"]),
-                    pid,
-                    round(1e9 / self._sample_hz),
-                    names,
-                )
-            finally:
-                if names is not None:
-                    names.close()
-            # Samples whose stack did not fit the full map, and those past the log.
-            native["lost"] += int(bpf["native_counts"][ctypes.c_int(0)].value) + lost["samples"]
-        return (
-            {"rate_hz": self._sample_hz, **columns},
-            {"rate_hz": self._sample_hz, **dispatched},
-            native,
-        )
-
-    def _read_slices(self, sched: BpfProgram) -> None:
-        """Copy the in-kernel slice log out in one batch, after the window."""
-        count = sched["slice_count"][ctypes.c_int(0)].value
-        for _, v in read_log(sched, "slice_log", count, self.lost, "slices"):
-            self.slices["start_ns"].append(v.start_ns)
-            self.slices["end_ns"].append(v.end_ns)
-            self.slices["tid"].append(v.tid)
-            self.slices["voluntary"].append(v.voluntary)
+        finally:
+            if names is not None:
+                names.close()
+        # Samples whose stack did not fit the full map, and those past the log.
+        native["lost"] += int(bpf["native_counts"][ctypes.c_int(0)].value) + samples.lost
+        return native
 
     def cleanup(self, wait: bool = False) -> None:
         """Detach every probe; safe to call more than once. The CO-RE object's links close on a
