@@ -3,6 +3,7 @@ that restart, and what it costs them, side by side with an unwatched control arm
 
     .venv/bin/python -m benchmarks.watch_soak [--minutes 30] [--restart-every 120]
         [--recipes 3] [--cores 0.25] [--interval 15] [--control-share 0.2] [--json FILE]
+        [--recipe-args '--threads 2 --tensor-mb 0.25 --pause-ms 0.1']
 
 Two arms of `--recipes` fan-out recipes each run at the same time, every recipe in its own CPU
 quota of `--cores`, all restarted together every `--restart-every` seconds (a new pid, the same
@@ -25,6 +26,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -61,11 +63,12 @@ class Sample(TypedDict):
     cpu_s: float
     fds: dict[str, int]
     watched: int | None
+    probe_duty: float | None
 
 
-def start_recipe(group: QuotaGroup) -> Progress:
+def start_recipe(group: QuotaGroup, extra: list[str]) -> Progress:
     process = subprocess.Popen(
-        fanout_command("--report-every", "1", unbuffered=True),
+        fanout_command("--report-every", "1", *extra, unbuffered=True),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -109,15 +112,17 @@ def fd_kinds(pid: int) -> dict[str, int]:
     return kinds
 
 
-def watched_processes(port: int) -> int | None:
-    """How many processes the agent watches now, from its own metrics."""
+def agent_metrics(port: int) -> tuple[int | None, float | None]:
+    """How many processes the agent watches now, and the smallest part of the time any of their
+    region probes is on (1 unless switched), from its own metrics."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             text = response.read().decode()
     except OSError:
-        return None
+        return None, None
     found = re.search(r"^profkit_processes (\S+)$", text, re.M)
-    return int(float(found.group(1))) if found else None
+    duties = [float(d) for d in re.findall(r"^profkit_region_probe_duty\{.*\} (\S+)$", text, re.M)]
+    return (int(float(found.group(1))) if found else None), (min(duties) if duties else None)
 
 
 def rss_mib(pid: int) -> float:
@@ -143,7 +148,14 @@ def main() -> int:
     parser.add_argument(
         "--agent-log", type=Path, default=Path(os.devnull), help="the agent's stderr"
     )
+    parser.add_argument(
+        "--recipe-args",
+        default="",
+        help="more arguments of every fan-out recipe, one string (a flood of small paced copies: "
+        "'--threads 2 --tensor-mb 0.25 --pause-ms 0.1')",
+    )
     args = parser.parse_args()
+    recipe_args = shlex.split(args.recipe_args)
     total_s = args.minutes * 60
     control_s = total_s * args.control_share
     events_before = uprobe_events()
@@ -170,7 +182,7 @@ def main() -> int:
                     stop_all([r for arm in arms for r in arm.runs[-args.recipes :]])
                     for index in range(args.recipes):  # interleaved: neither arm starts first
                         for arm in arms:
-                            arm.runs.append(start_recipe(arm.groups[index]))
+                            arm.runs.append(start_recipe(arm.groups[index], recipe_args))
                     next_restart += args.restart_every
                 if agent is not None and agent.returncode is None and now >= watch_to:
                     stop_took = stop_agent(agent)
@@ -193,13 +205,15 @@ def main() -> int:
                     )
                 if agent is not None and agent.returncode is None and now >= next_sample:
                     with contextlib.suppress(OSError):
+                        watched, duty = agent_metrics(port)
                         samples.append(
                             {
                                 "t_s": round(now - watch_from, 1),
                                 "rss_mib": round(rss_mib(agent.pid), 1),
                                 "cpu_s": procfs.read_stat(agent.pid).cpu_seconds,
                                 "fds": fd_kinds(agent.pid),
-                                "watched": watched_processes(port),
+                                "watched": watched,
+                                "probe_duty": duty,
                             }
                         )
                     next_sample += 10
@@ -274,6 +288,9 @@ def main() -> int:
         print(f"  agent RSS trough per restart cycle (MiB): {troughs}; max {result['rss_mib_max']}")
         print(f"  agent fds, peak per restart cycle: {fd_peaks}; at the end {samples[-1]['fds']}")
         print(f"  agent CPU {result['agent_cpu_cores']:.4f} cores")
+        duties = [d for d in (x["probe_duty"] for x in samples) if d is not None]
+        if duties:
+            print(f"  region probe duty: {min(duties):.3f} to {max(duties):.3f}")
     print(
         f"  agent stopped in {stop_took if stop_took is None else round(stop_took, 2)} s, "
         f"exit {result['agent_exit']}; uprobe_events unchanged: "

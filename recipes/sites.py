@@ -15,6 +15,11 @@ the file under another name, as a package that bundles its own runtime brings on
 process maps two copies and both run regions.
 --pool blas: the region is a 400x400 matrix product on numpy's bundled OpenBLAS pool.
 --thread: the rounds run on a second Python thread, not the main one.
+--shuffle: each round's six regions run in a fresh random order. Paced rounds start after a
+pause, and the first region of a round wakes workers that slept through it, a cost the other
+regions do not pay; in order, that cost would always fall on site_one. Shuffled, it falls on
+each site in proportion to its regions, so that every region costs the same on average and the
+pool's CPU splits 1:2:3 as the regions do.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import functools
 import glob
 import importlib.util
 import os
+import random
 import shutil
 import signal
 import sys
@@ -61,6 +67,15 @@ def one_round(dispatch):
         site_two(dispatch)
     for _ in range(3):
         helper_outer(dispatch)
+
+
+SHUFFLE = random.Random(0)
+
+
+def shuffled_round(dispatch):
+    sites = [site_one, site_two, site_two, helper_outer, helper_outer, helper_outer]
+    for site in SHUFFLE.sample(sites, len(sites)):
+        site(dispatch)
 
 
 def gomp_library(system=False):
@@ -135,13 +150,14 @@ def make_dispatch(pool, threads, megabytes):
     return dispatch
 
 
-def run(dispatch, stop, rounds_per_s, counter):
+def run(dispatch, stop, rounds_per_s, counter, shuffle=False):
     # Paced to a schedule, not by a fixed sleep after each round: the rate holds whatever a
     # round costs, up to what the machine can run.
     pause = 1.0 / rounds_per_s if rounds_per_s > 0 else 0.0
     due = time.monotonic()
+    a_round = shuffled_round if shuffle else one_round
     while not stop.is_set():
-        one_round(dispatch)
+        a_round(dispatch)
         counter[0] += 1
         if pause:
             due = max(due + pause, time.monotonic() - 0.1)  # a stall is not made up in a burst
@@ -157,6 +173,7 @@ def main(argv=None):
     parser.add_argument("--mb", type=float, default=48.0, help="copy size (--pool torch)")
     parser.add_argument("--rounds-per-s", type=float, default=0.0, help="0: as fast as it can")
     parser.add_argument("--thread", action="store_true", help="dispatch from a second thread")
+    parser.add_argument("--shuffle", action="store_true", help="each round in a random order")
     args = parser.parse_args(argv)
     dispatch = make_dispatch(args.pool, args.threads, args.mb)
     stop = threading.Event()
@@ -167,13 +184,15 @@ def main(argv=None):
     print(f"ready sites pid={os.getpid()} pool={args.pool} python={version}", flush=True)
     if args.thread:
         worker = threading.Thread(
-            target=run, args=(dispatch, stop, args.rounds_per_s, counter), name="dispatcher"
+            target=run,
+            args=(dispatch, stop, args.rounds_per_s, counter, args.shuffle),
+            name="dispatcher",
         )
         worker.start()
         while worker.is_alive():
             worker.join(0.2)  # main waits
     else:
-        run(dispatch, stop, args.rounds_per_s, counter)
+        run(dispatch, stop, args.rounds_per_s, counter, args.shuffle)
     print(f"rounds={counter[0]}", flush=True)
     return 0
 

@@ -176,13 +176,19 @@ class Agent:
             except (FileNotFoundError, ProcessLookupError, OSError):
                 self._drop(identity)
                 continue
+            if watched.probe.switched:
+                self._say_once(
+                    f"switched-{identity}",
+                    f"{labels[0]} (pid {watched.pid}): {watched.probe.switched}",
+                )
             grouped.setdefault(labels, []).append((watched, window))
         return grouped
 
     def _drop(self, identity: Identity) -> None:
         watched, _ = self.processes.pop(identity)
         watched.close()
-        self._said.discard(f"watch-{identity}")  # said once per process, kept while it lives
+        # said once per process, kept while it lives
+        self._said -= {f"watch-{identity}", f"switched-{identity}"}
 
     def _discover(self) -> None:
         for identity, (watched, labels) in list(self.processes.items()):

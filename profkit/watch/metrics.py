@@ -74,7 +74,8 @@ class WatchCollector(Collector):
         )
         regions = _counter(
             "profkit_pool_regions_total",
-            "Parallel regions the pool ran (OpenMP region probe).",
+            "Parallel regions the pool ran (OpenMP region probe; where the probe is switched, "
+            "those of its on-times: see profkit_region_probe_duty).",
             ("runtime",),
         )
         with_stack = _counter(
@@ -112,6 +113,13 @@ class WatchCollector(Collector):
             "Threads in the pool's team (workers + dispatcher).",
             ("runtime",),
         )
+        duty = _gauge(
+            "profkit_region_probe_duty",
+            "Part of the time the region probe was on in the last window: 1, or less where the "
+            "target starts so many regions that the probe is switched on and off to keep within "
+            "its budget (regions then count the on-times only; sites are split by them).",
+            ("runtime",),
+        )
         quota = _gauge("profkit_quota_cores", "The tightest CPU quota above the target, in cores.")
         recommended = _gauge(
             "profkit_recommended_threads", "The largest pool the CPU budget keeps running."
@@ -144,6 +152,8 @@ class WatchCollector(Collector):
                 continue  # gauges describe running processes only
             for runtime, team in s.pool_threads.items():
                 threads.add_metric([*labels, runtime], team)
+            for runtime, part in s.probe_duty.items():
+                duty.add_metric([*labels, runtime], part)
             if s.quota_cores is not None:
                 quota.add_metric(labels, s.quota_cores)
             if s.recommended is not None:
@@ -152,7 +162,7 @@ class WatchCollector(Collector):
                 finding.add_metric([*labels, finding_id, severity], value)
         yield from (process, python, pool, regions, with_stack, without_stack, site)
         yield from (periods, throttled, throttled_s)
-        yield from (threads, quota, recommended, finding)
+        yield from (threads, duty, quota, recommended, finding)
         agent = snap.agent
         if agent.pusher is not None:
             agent.pushes, agent.push_failures = agent.pusher.sent, agent.pusher.failed

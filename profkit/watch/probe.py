@@ -2,22 +2,38 @@
 cumulatively: regions entered, and regions and region time per Python stack, all counted in the
 kernel (capture/ebpf/probes/openmp.bpf.c), so that reading them once an interval costs one
 map walk.
+
+The probes' traps cost the dispatching thread a few microseconds a region. Where the target
+starts so many regions that this would cost more than the probes' part of the budget (the one a
+capture's probes keep: REGION_PROBE_PART of the default --budget), the probes are switched on
+for part of the time and off for the rest, as a capture's are (capture/ebpf/duty.py): the
+regions of the on-times are a sample in time, whose stacks split the pool's CPU. The rate is
+checked as the probe loads and at every window after.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import time
 from dataclasses import dataclass
 
 from ..bundle.frames import Frame
+from ..capture.budget import REGION_PROBE_PART, Budget
 from ..capture.collectors.base import EbpfLoader
 from ..capture.ebpf.collector import EbpfCollector
+from ..capture.ebpf.duty import MIN_DUTY, PERIOD_S, DutyCycle
 from ..capture.ebpf.pywalk import SHIM_FRAME, resolve_frame
+from ..capture.ebpf.region_policy import RegionCount
 from ..host.pyruntime import CodeResolver, PyRuntimeUnsupported
 from ..host.pyruntime import thread_states as read_thread_states
 from ..host.target import Target
 from ..host.targetfs import SourceLines
+
+# What the probes may cost the dispatching threads, as a fraction of their time.
+PROBE_BUDGET = REGION_PROBE_PART * Budget().fraction
+# The first count, as the probe loads: long enough for a few hundred regions of a busy target.
+RATE_CHECK_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,14 @@ class RegionProbe:
         self.walker_reason = ""
         self._collector: EbpfCollector | None = None
         self._frames: dict[int, tuple[Frame, ...]] = {}
+        self._cycle: DutyCycle | None = None
+        self._counted: tuple[dict[int, int], float] = ({}, 0.0)  # entries by copy, and when
+        self.switched = ""  # why the probes are switched on and off, once they are
+
+    @property
+    def duty(self) -> float:
+        """The part of the time the region probes are on: 1 unless they are switched."""
+        return 1.0 if self._cycle is None else self._cycle.duty
 
     @property
     def bpf(self) -> object | None:
@@ -82,6 +106,37 @@ class RegionProbe:
         release_heap()
         walker = collector.walker
         self.walker_reason = "" if self.walker_on else (walker.reason if walker else "")
+        self._counted = (collector.entries_by_copy(), time.monotonic())
+        time.sleep(RATE_CHECK_S)
+        self.check_rate()
+
+    def check_rate(self) -> None:
+        """Switch the probes on and off once the regions counted since the last check would
+        cost the dispatching threads more than PROBE_BUDGET; switched, they adapt the duty to
+        each on-time's rate themselves (duty.py)."""
+        c = self._collector
+        if c is None or self._cycle is not None:
+            return
+        before, since = self._counted
+        now = time.monotonic()
+        count = c.region_count(before, now - since)
+        self._counted = (c.entries_by_copy(), now)
+        if count.cost <= PROBE_BUDGET or count.per_s <= 0:
+            return
+        duty = max(MIN_DUTY, PROBE_BUDGET / count.cost)
+        self._cycle = DutyCycle(
+            duty,
+            time.monotonic_ns,
+            c.attach_region_probes,
+            c.detach_region_probes,
+            entries=lambda: sum(c.entries_by_copy().values()),
+            cost_s=count.cost / count.per_s,
+            budget=PROBE_BUDGET,
+            start_on=True,
+        )
+        self._cycle.start(count.per_s)
+        self._cycle.window_opened()
+        self.switched = switched_reason(count, duty)
 
     def regions(self) -> int:
         bpf = self.bpf
@@ -173,12 +228,25 @@ class RegionProbe:
             resolver.close()
 
     def close(self) -> None:
+        if self._cycle is not None:
+            self._cycle.stop()
+            self._cycle = None
         if self._collector is not None:
             with contextlib.suppress(Exception):
                 self._collector.cleanup()
         self._collector = None
         self.status = "off"
         release_heap()
+
+
+def switched_reason(count: RegionCount, duty: float) -> str:
+    return (
+        f"region probes switched on {100 * duty:.0f}% of the time (every {PERIOD_S:g} s or "
+        f"so): the target started {count.per_s:,.0f} regions a second, ~{100 * count.cost:.1f}% "
+        f"of its dispatching thread at {1e6 * count.cost / count.per_s:.1f} us per region, over "
+        f"their {100 * PROBE_BUDGET:.2g}% part of the budget; the sites split the pool's CPU by "
+        "the regions of the on-times"
+    )
 
 
 class NoProbe(RegionProbe):

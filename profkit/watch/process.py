@@ -52,6 +52,9 @@ class ProcessWindow:
     site_stacks: dict[SiteKey, tuple[Frame, ...]]
     python_threads: dict[str, float]  # "name (tid)" -> CPU seconds
     other_threads: dict[str, float]
+    # The part of the time the region probes were on: below 1 where they are switched
+    # (watch/probe.py), and regions then counts the on-times' regions only.
+    probe_duty: float = 1.0
 
 
 # The walker's outcomes that leave a region without a stack (capture/ebpf/pywalk.py WALK_COUNTS;
@@ -99,6 +102,11 @@ class WatchedProcess:
     _process_cpu: float = 0.0
     _regions: int = 0
     _stacks: dict[int, int] = field(default_factory=dict)  # stack id -> region_ns so far
+    # Where the probes are switched, a window without an on-time splits its pool's CPU as the
+    # last window with one did.
+    _last_sites: tuple[dict[SiteKey, float], dict[SiteKey, tuple[Frame, ...]]] = field(
+        default_factory=lambda: ({}, {})
+    )
     _with_stack: int = 0  # regions so far whose stack resolved to frames
     _walks: dict[str, int] = field(default_factory=dict)  # the walker's counts so far
     _workers: set[int] = field(default_factory=set)  # seen in the runtime's code
@@ -288,7 +296,16 @@ class WatchedProcess:
             key = site_key(frames)
             site_ns[key] = site_ns.get(key, 0.0) + grown
             site_stacks.setdefault(key, frames)
-        probed = probed_share(self._ready_s, self._last_s, now)
+        duty = self.probe.duty if ready else 1.0
+        if duty < 1.0:
+            # Switched: the on-times are a sample of the window in time.
+            if site_ns:
+                self._last_sites = (site_ns, site_stacks)
+            else:
+                site_ns, site_stacks = self._last_sites
+            probed = 1.0
+        else:
+            probed = probed_share(self._ready_s, self._last_s, now)
         site_cpu = split_pool_cpu(pool_cpu, site_ns, probed)
         with_stack = _regions_with_frames(stacks)
         walks = self.probe.walk_counts() if ready else {}
@@ -317,10 +334,13 @@ class WatchedProcess:
             site_stacks=site_stacks,
             python_threads=python_threads,
             other_threads=others,
+            probe_duty=duty,
         )
         self._cpu, self._process_cpu, self._regions, self._last_s = cpu, process_cpu, regions, now
         self._stacks = {i: c.region_ns for i, (c, _) in stacks.items()}
         self._with_stack, self._walks = with_stack, walks
+        if ready:
+            self.probe.check_rate()  # switches the probes where this window's regions cost more
         return window
 
     def close(self) -> None:

@@ -86,6 +86,7 @@ class TargetSeries:
     throttled_periods: int = 0
     throttled_seconds: float = 0.0
     pool_threads: dict[str, int] = field(default_factory=dict)
+    probe_duty: dict[str, float] = field(default_factory=dict)  # runtime -> the last window's
     quota_cores: float | None = None
     recommended: int | None = None
     findings: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -150,6 +151,7 @@ class TargetSeries:
         teams: dict[str, int] = {}
         sites: dict[tuple[str, SiteKey], float] = {}
         stacks: dict[SiteKey, tuple[Frame, ...]] = {}
+        duties: dict[str, float] = {}
         for w in windows:
             if w.runtime is None:
                 continue
@@ -164,10 +166,12 @@ class TargetSeries:
             acc[0] += w.pool_cpu
             acc[1] += w.regions
             teams[w.runtime] = max(teams.get(w.runtime, 0), w.team_size)
+            duties[w.runtime] = min(duties.get(w.runtime, 1.0), w.probe_duty)
             for key, cpu in w.site_cpu.items():
                 sites[(w.runtime, key)] = sites.get((w.runtime, key), 0.0) + cpu
                 self._site_totals[key] = self._site_totals.get(key, 0.0) + cpu
             stacks.update(w.site_stacks)
+        self.probe_duty.update(duties)
         top = self._top_sites()
         for (runtime, key), cpu in sites.items():
             label = key if key in top else SiteKey(OTHER_SITE, "", "")

@@ -68,7 +68,11 @@ def _target(series: TargetSeries, pids: list[int]) -> list[RenderableType]:
     for column in ("pool", "threads", "CPU cores", "regions/s"):
         pools.add_column(column, justify="right" if column != "pool" else "left")
     for runtime, (cores, rate, team) in last.pools.items():
-        pools.add_row(runtime, str(team), f"{cores:.2f}", f"{rate:,.0f}")
+        duty = series.probe_duty.get(runtime, 1.0)
+        # Switched, the probe counts its on-times' regions only: the rate is scaled up to the
+        # window, an estimate.
+        shown = f"~{rate / duty:,.0f} (probe on {100 * duty:.0f}%)" if duty < 1 else f"{rate:,.0f}"
+        pools.add_row(runtime, str(team), f"{cores:.2f}", shown)
     sites = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("dispatch site", "function", "op", "CPU cores", "share"):
         sites.add_column(column, justify="right" if column in ("CPU cores", "share") else "left")

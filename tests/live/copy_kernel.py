@@ -27,3 +27,13 @@ def inside_regions(bundle: Bundle, times: list[int]) -> int:
     starts, ends = bundle.sched.region_start[order], bundle.sched.region_end[order]
     index = np.searchsorted(starts, times, side="right") - 1
     return sum(1 for i, t in zip(index, times, strict=True) if i >= 0 and t <= ends[i])
+
+
+def probed(bundle: Bundle, times: list[int]) -> list[int]:
+    """The times inside the window and, where the region probes were switched on and off (a
+    rate near their budget, which a busy machine moves across), inside one of their on-times:
+    the only times whose regions the log holds."""
+    assert bundle.sched is not None
+    start, end = bundle.window
+    on = bundle.sched.region_on
+    return [t for t in times if start <= t <= end and (not on or any(a <= t <= b for a, b in on))]

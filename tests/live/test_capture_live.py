@@ -27,7 +27,7 @@ from recipes.launch import attach_command
 
 from ..support import ROOT, run_profkit
 from .conftest import Captured, Recipe, StartRecipe, attach
-from .copy_kernel import copy_kernel_samples, inside_regions
+from .copy_kernel import copy_kernel_samples, inside_regions, probed
 
 pytestmark = pytest.mark.root
 SIX = ("ebpf", "proc", "cgroup", "perf_stat", "perf_record", "pyspy")
@@ -174,7 +174,7 @@ def test_region_ends_follow_the_workers_copy_work(fanout_capture: Captured) -> N
     assert ebpf["region_entries"] - len(ebpf["regions"]["tid"]) <= 2, ebpf["region_entries"]
     bundle = load_bundle(out)
     assert bundle.sched is not None and bundle.perf is not None
-    times = [t for t, _ in copy_kernel_samples(bundle, recipe.pid)]
+    times = probed(bundle, [t for t, _ in copy_kernel_samples(bundle, recipe.pid)])
     assert len(times) >= 20
     assert inside_regions(bundle, times) >= 0.9 * len(times), len(times)
 

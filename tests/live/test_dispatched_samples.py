@@ -84,45 +84,48 @@ def test_sites_from_worker_samples_with_the_region_probes_off(
     assert set(dispatched["dispatcher"]) == {recipe.pid}, set(dispatched["dispatcher"])
 
 
+# The paced test's bound is 0.03 for every site: the binomial half-width of a share of 1/2 is
+# three standard errors at 0.03 from this many samples on.
+SAMPLES_FOR_3_POINTS_AT_3_SE = math.ceil((3 * 0.5 / 0.03) ** 2)
+
+
 def test_sites_at_5000_regions_a_second(start_recipe: StartRecipe, tmp_path: Path) -> None:
-    """Paced to 5 000 regions a second of small copies. With the region probes on and the
-    scheduler traced, each region's worker time is measured exactly: the samples' shares of the
-    same capture must hold those in their interval. (The paced round is not equal work per
-    site: its first region wakes workers that slept through the pause.) At default settings
-    every site is found, by the regions of the probes' on-times or by the samples."""
+    """Paced to 5 000 regions a second of small copies, each round's six in a fresh random order
+    so that every region costs the same on average (the first of a round wakes workers that
+    slept through the pause: recipes/sites.py --shuffle), the truth is 1:2:3. The workers'
+    samples split the pool's CPU within 0.03 of it, and at default settings the report finds
+    every site, by the regions of the probes' on-times or by the samples."""
     recipe = start_recipe(
         "sites.py",
         *("--pool", "torch", "--threads", "4", "--mb", "0.25", "--rounds-per-s", "833"),
+        "--shuffle",
         warmup=1.0,
     )
-    exact = tmp_path / "exact"
-    flags = ("--budget", "100", "--ebpf-sched", "on", "--perf-rate", "999")
-    captured = attach(recipe.pid, exact, *flags, duration=6.0)
-    assert captured.returncode == 0, captured.stderr
-    bundle = load_bundle(exact)
-    report = analyse(bundle)
-    (pool,) = [p for p in report.pools if p.pool.name == "openmp"]
-    assert pool.attribution.method == "stack" and pool.regions > 5 * 3000, pool.attribution
-    truth = {s.site.function: s.share for s in pool.attribution.sites}
-    assert bundle.sched is not None
-    sampled = by_samples(
-        bundle.sched, set(pool.pool.workers), pool.cores, bundle.window, [], None, bundle.perf
-    )
-    assert sampled is not None and sampled.method == "sampled"
-    shares = {s.site.function: s.share for s in sampled.sites}
-    assert sum(s.samples for s in sampled.sites) >= SAMPLES_FOR_3_POINTS, sampled
-    for site in SITES:
-        assert abs(shares[site] - truth[site]) <= WITHIN_INTERVALS * sampled.uncertainty, (
-            shares,
-            truth,
-            sampled,
+    duration, samples = 6.0, 0
+    for attempt in range(3):
+        out = tmp_path / f"b{attempt}"
+        captured = attach(recipe.pid, out, "--perf-rate", "999", duration=duration)
+        assert captured.returncode == 0, captured.stderr
+        bundle = load_bundle(out)
+        (pool,) = [p for p in analyse(bundle).pools if p.pool.name == "openmp"]
+        assert bundle.sched is not None
+        sampled = by_samples(
+            bundle.sched, set(pool.pool.workers), pool.cores, bundle.window, [], None, bundle.perf
         )
+        assert sampled is not None and sampled.method == "sampled"
+        samples = sum(s.samples for s in sampled.sites)
+        if samples >= SAMPLES_FOR_3_POINTS_AT_3_SE:
+            break
+        # A busy machine gives the pool less CPU, and the sampler fewer samples of it: the next
+        # window is sized from the samples this one got.
+        duration = min(40.0, 1.3 * duration * SAMPLES_FOR_3_POINTS_AT_3_SE / max(samples, 1))
+    assert samples >= SAMPLES_FOR_3_POINTS_AT_3_SE, (samples, duration)
+    assert sampled is not None
+    shares = {s.site.function: s.share for s in sampled.sites}
+    for site, weight in SITES.items():
+        assert abs(shares[site] - weight / 6) <= 0.03, (shares, sampled.uncertainty, samples)
 
-    out = tmp_path / "b"
-    captured = attach(recipe.pid, out, "--perf-rate", "999", duration=8.0)
-    assert captured.returncode == 0, captured.stderr
     decision = json.loads((out / "ebpf.json").read_text())["regions_decision"]
-    assert decision["regions_per_s"] > 3000, decision
     rows = openmp_rows(report_of(out))
     assert set(SITES) <= set(rows), rows
     (method,) = {r["method"] for r in rows.values()}

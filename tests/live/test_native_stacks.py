@@ -16,7 +16,7 @@ from profkit.capture.ebpf.native import KERNEL_DSO
 
 from ..support import ROOT, run_profkit
 from .conftest import Captured, Recipe, StartRecipe, attach
-from .copy_kernel import copy_kernel_samples, inside_regions
+from .copy_kernel import copy_kernel_samples, inside_regions, probed
 
 pytestmark = pytest.mark.root
 
@@ -83,12 +83,10 @@ def test_workers_in_the_copy_kernel_and_the_kernels_frames(
 
 def test_copy_kernel_samples_fall_inside_regions(default_capture: Captured) -> None:
     """Both on the one clock: the workers' samples in the copy kernel lie inside the regions the
-    probes saw."""
+    probes saw (those of the window's times the probes were on)."""
     out, recipe = default_capture
     bundle = load_bundle(out)
-    assert bundle.sched is not None
-    start, end = bundle.window
-    times = [t for t, _ in copy_kernel_samples(bundle, recipe.pid) if start <= t <= end]
+    times = probed(bundle, [t for t, _ in copy_kernel_samples(bundle, recipe.pid)])
     assert len(times) >= 20
     assert inside_regions(bundle, times) >= 0.9 * len(times), len(times)
 

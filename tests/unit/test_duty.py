@@ -118,6 +118,25 @@ def test_a_rate_the_caller_just_counted_is_not_counted_again() -> None:
     recounting.stop()
 
 
+def test_probes_switched_while_on_begin_with_their_on_time() -> None:
+    """`watch` switches probes that are already on: nothing comes off at the start; the first
+    on-time runs from then for its duty of a period, and the periods after go off, then on."""
+    cycle = Simulated(0.1, attach_s=0.01, detach_s=0.7, until_s=200)
+    cycle.start_on = True
+    cycle.start(recounted_per_s=5000.0)
+    cycle.window_opened()
+    on = cycle.stop()
+    calls = [(kind, entries, t) for kind, entries, t in cycle.calls]
+    assert calls[:2] == [
+        ("detach", True, int(0.1 * PERIOD_S * 1e9)),
+        ("detach", False, 3_750_000_000),
+    ]
+    assert on[0] == (0, int(0.1 * PERIOD_S * 1e9))
+    assert [kind for kind, _, _ in calls[2:4]] == ["attach", "attach"]
+    probed_ns = sum(b - a for a, b in on)
+    assert probed_ns / cycle.now_ns == pytest.approx(0.1, rel=0.3)
+
+
 def test_probes_that_fit_their_budget_stay_on_without_a_detach() -> None:
     """A long capture whose on-times see few regions: the duty rises to 1, and the probes stay
     on from the first on-time to the end, with no detach after the one before the window."""

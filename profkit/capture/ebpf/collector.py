@@ -410,6 +410,27 @@ class EbpfCollector:
         table = self._process["runtime_entries"]
         return {index: int(table[ctypes.c_int(index)].value) for index in self._hit_s}
 
+    def entries_by_copy(self) -> dict[int, int]:
+        """Regions entered so far, by probed runtime copy (its index)."""
+        return self._entries_by_copy()
+
+    def region_count(self, before: dict[int, int], elapsed_s: float) -> RegionCount:
+        """Regions a second since `before` (entries_by_copy() then), and what their probes
+        cost the dispatching threads: each copy's trap cost and the walker's, in place."""
+        walk_s = WALKER_HIT_S if self.walker is not None and self.walker.layout else 0.0
+        elapsed_s = max(1e-9, elapsed_s)
+        rates = {i: (n - before.get(i, 0)) / elapsed_s for i, n in self._entries_by_copy().items()}
+        cost = IN_PLACE * sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
+        return RegionCount(sum(rates.values()), cost)
+
+    def attach_region_probes(self, entries: bool) -> None:
+        """The entry probes (True) or the end probes (False) on again (DutyCycle's attach)."""
+        self._attach_probes(entries)
+
+    def detach_region_probes(self, entries: bool) -> None:
+        """The entry probes (True) or the end probes (False) off (DutyCycle's detach)."""
+        self._detach_probes(entries)
+
     def _judge_region_rate(
         self, context: CaptureContext, start: int, before: dict[int, int], seconds: float = 0.3
     ) -> None:
@@ -422,16 +443,11 @@ class EbpfCollector:
         walk_s = WALKER_HIT_S if self.walker is not None and self.walker.layout else 0.0
 
         def counted(since: int, before: dict[int, int], seconds: float) -> RegionCount:
-            """Regions a second and their expected share of the dispatching threads."""
+            """Regions a second and their expected cost to the dispatching threads."""
             remaining = seconds - (context.clock() - since) / 1e9
             if remaining > 0:
                 time.sleep(remaining)
-            elapsed_s = max(1e-9, (context.clock() - since) / 1e9)
-            rates = {
-                i: (n - before.get(i, 0)) / elapsed_s for i, n in self._entries_by_copy().items()
-            }
-            cost = IN_PLACE * sum(r * (self._hit_s[i] + walk_s) for i, r in rates.items())
-            return RegionCount(sum(rates.values()), cost)
+            return self.region_count(before, (context.clock() - since) / 1e9)
 
         first = counted(start, before, seconds)
         pyspy = "pyspy" in context.collectors

@@ -65,6 +65,10 @@ class DutyCycle:
     cost_s: float = 0.0
     budget: float = 0.0
     period_s: float = PERIOD_S
+    # The probes are on as the switching starts, and the first period begins with its on-time
+    # (`watch`, whose probes were on before their rate was judged and have no window to wait
+    # for): no detach until that on-time ends.
+    start_on: bool = False
     on_ns: list[tuple[int, int]] = field(default_factory=list)
     recounted_per_s: float = 0.0
     error: str = ""
@@ -83,8 +87,9 @@ class DutyCycle:
             self._wait(RECOUNT_S)
             recounted_per_s = self._adapt(counted, began)
         self.recounted_per_s = recounted_per_s
-        self.detach(True)
-        self.detach(False)
+        if not self.start_on:
+            self.detach(True)
+            self.detach(False)
         self._thread = threading.Thread(target=self._run, name="profkit-region-duty", daemon=True)
         self._thread.start()
 
@@ -94,7 +99,9 @@ class DutyCycle:
     def _run(self) -> None:
         self._window.wait()
         end_ns = None if self.window_s is None else self.clock() + int(self.window_s * 1e9)
-        on = False
+        on = self.start_on
+        if on:
+            self._since = self.clock()
         try:
             while True:
                 left_s = float("inf") if end_ns is None else (end_ns - self.clock()) / 1e9

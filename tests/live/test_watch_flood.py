@@ -1,0 +1,54 @@
+"""`watch` on a target that starts more regions than its probe's budget allows: the probe is
+switched on and off, says so, and the sites still come from the on-times' regions."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from ..support import RECIPES
+from ..watch_support import agent
+from .conftest import StartRecipe
+from .test_watch_sites import site_cpu
+
+COPY_LINE = next(
+    i
+    for i, text in enumerate((RECIPES / "shm_fanout.py").read_text().splitlines(), 1)
+    if "fanout: ATen's parallel copy" in text
+)
+DUTY = re.compile(r'^profkit_region_probe_duty\{.*runtime="openmp".*\} (\S+)', re.M)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("loader", ["core", "bcc"])
+def test_a_flood_of_regions_switches_the_probe(start_recipe: StartRecipe, loader: str) -> None:
+    # Paced, so that the rate does not depend on the machine: a 256-KB copy every millisecond
+    # or so, several times the ~180 regions a second whose traps the probe's budget allows.
+    recipe = start_recipe(
+        "shm_fanout.py", "--threads", "2", "--tensor-mb", "0.25", "--pause-ms", "1", warmup=1.0
+    )
+    flags = ("--name", "flood", "--interval", "1", "--ebpf-loader", loader)
+    with agent("--pid", str(recipe.pid), *flags) as a:
+        a.wait_serving()
+        deadline = time.monotonic() + 60
+        metrics, duty, cpu = "", None, {}
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            metrics = a.metrics()
+            found = DUTY.search(metrics)
+            duty = float(found.group(1)) if found else None
+            cpu = site_cpu(metrics)
+            # The windows before the probe was ready give their pool CPU to the unknown site.
+            known = sum(v for site, v in cpu.items() if site != "unknown")
+            if duty is not None and duty < 1 and known > cpu.get("unknown", 0.0):
+                break
+        code, took = a.terminate()
+    assert code == 0 and took < 5, a.output
+    assert "region probes switched on" in a.output, a.output
+    assert duty is not None and duty < 1, metrics
+    # The on-time begins as the probe is switched, so the first windows already have sites.
+    named = [site for site in cpu if site.endswith(f"shm_fanout.py:{COPY_LINE}")]
+    assert named, cpu
+    assert cpu.get("unknown", 0.0) < 0.5 * sum(cpu.values()), cpu
