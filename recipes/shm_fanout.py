@@ -42,6 +42,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=0.0, help="seconds; 0 runs until signal")
     parser.add_argument("--report-every", type=float, default=0.0, help="print progress every N s")
     parser.add_argument("--pause-ms", type=float, default=0.0, help="sleep between copies")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="copy into one shared-memory segment every time, not a fresh one per copy (a "
+        "flood of small regions: creating a segment costs more than a small copy)",
+    )
     return parser.parse_args(argv)
 
 
@@ -69,13 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     last_report = started
     deadline = started + args.duration if args.duration > 0 else float("inf")
+    kept = shared_memory.SharedMemory(create=True, size=source.numel() * 4) if args.reuse else None
     while not stop and time.monotonic() < deadline:
-        shm = shared_memory.SharedMemory(create=True, size=source.numel() * 4)
-        try:
-            copy(source, shm)
-        finally:
-            shm.close()
-            shm.unlink()
+        if kept is not None:
+            copy(source, kept)
+        else:
+            shm = shared_memory.SharedMemory(create=True, size=source.numel() * 4)
+            try:
+                copy(source, shm)
+            finally:
+                shm.close()
+                shm.unlink()
         copies += 1
         if args.pause_ms:
             time.sleep(args.pause_ms / 1000)
@@ -83,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.report_every and now - last_report >= args.report_every:
             print(f"progress copies={copies} t_ns={time.monotonic_ns()}", flush=True)
             last_report = now
+    if kept is not None:
+        kept.close()
+        kept.unlink()
     elapsed = time.monotonic() - started
     print(f"copies={copies} elapsed={elapsed:.3f} copies_per_s={copies / elapsed:.2f}", flush=True)
     return 0
