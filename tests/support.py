@@ -46,6 +46,16 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+def error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The one error line of a command refused after it had begun: notes it printed on the way
+    (profkit: note: ...) may come before it, nothing else."""
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("profkit: error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert all(line.startswith("profkit: note: ") for line in lines if line != errors[0])
+    return errors[0]
+
+
 LIST_IMPORTS = """
 import pkgutil, importlib, sys
 import profkit

@@ -232,7 +232,9 @@ def attribute(
     native_samples: PerfSamples | None = None,
 ) -> Attribution:
     if sched is not None and sched.python_stacks:
-        stacked = by_stack(sched, dispatchers, workers, pool_cores, window, worker_kernels)
+        stacked = by_stack(
+            sched, dispatchers, workers, pool_cores, window, worker_kernels, native_samples
+        )
         # Regions with their stacks place the pool's CPU exactly where the probes ran; where
         # the probes came off (too many regions for the budget), the workers' own samples,
         # which carry their dispatcher's stack at any region rate, do.
@@ -382,6 +384,35 @@ def _regions_in_window(
     )
 
 
+def _kernels_in_regions(
+    native: PerfSamples | None,
+    workers: set[int],
+    starts: np.ndarray,
+    ends: np.ndarray,
+    sites: list[Frame | None],
+) -> dict[Frame, Counter[str]]:
+    """What the workers worked in (an ATen kernel's name where their native stack shows one)
+    inside each site's regions: per site, so that a small copy elsewhere in a model does not
+    name a matrix product's op."""
+    out: dict[Frame, Counter[str]] = {}
+    if native is None or not len(starts):
+        return out
+    mask = np.isin(native.tid, list(workers))
+    kinds: dict[int, str | None] = {}
+    for t, stack in zip(native.t_ns[mask], native.stack[mask], strict=True):
+        at = int(np.searchsorted(starts, t, side="right")) - 1
+        if at < 0 or t > ends[at] or sites[at] is None:
+            continue
+        if int(stack) not in kinds:
+            category, detail = classify_stack(native, int(stack))
+            kinds[int(stack)] = detail if category == WORK else None
+        kernel = kinds[int(stack)]
+        site = sites[at]
+        if kernel and site is not None:
+            out.setdefault(site, Counter())[kernel] += 1
+    return out
+
+
 def by_stack(
     sched: EbpfData,
     dispatchers: set[int],
@@ -389,6 +420,7 @@ def by_stack(
     pool_cores: float,
     window: tuple[int, int],
     worker_kernels: list[str],
+    native: PerfSamples | None = None,
 ) -> Attribution | None:
     """Each region's worker time to the innermost Python frame of the stack it was
     dispatched from; None when no region in the window carries a stack."""
@@ -428,6 +460,9 @@ def by_stack(
         stack_regions.setdefault(site, Counter())[int(index)] += 1
     total = float(worker_ns.sum()) or 1.0
     labelled = sum(weights.values()) / total
+    kernels = _kernels_in_regions(
+        native, workers, starts, ends, [site_of.get(int(i)) if i >= 0 else None for i in stacks]
+    )
     if sum(weights.values()) <= 0:
         # Regions were seen but no worker time fell in them: count regions instead.
         weights = {site: float(n) for site, n in regions.items()}
@@ -438,7 +473,9 @@ def by_stack(
         share = weight / shares_total
         stack = sched.python_stacks[stack_regions[site].most_common(1)[0][0]].frames
         code = stack[-1].code
-        op, op_source = resolve_op(Counter(), worker_kernels, code)
+        # The site's own workers' kernel where their native stacks were read, as by_samples.
+        own = [kernels[site].most_common(1)[0][0]] if site in kernels else None
+        op, op_source = resolve_op(Counter(), worker_kernels if own is None else own, code)
         sites.append(
             SiteShare(site, op, op_source, share, share * pool_cores, regions[site], 0, code, stack)
         )

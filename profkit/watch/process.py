@@ -298,14 +298,13 @@ class WatchedProcess:
             site_stacks.setdefault(key, frames)
         duty = self.probe.duty if ready else 1.0
         if duty < 1.0:
-            # Switched: the on-times are a sample of the window in time.
+            # Switched: the on-times are a sample in time of the window since the probe was
+            # ready, and a window without one is split as the last one with one.
             if site_ns:
                 self._last_sites = (site_ns, site_stacks)
             else:
                 site_ns, site_stacks = self._last_sites
-            probed = 1.0
-        else:
-            probed = probed_share(self._ready_s, self._last_s, now)
+        probed = probed_share(self._ready_s, self._last_s, now)
         site_cpu = split_pool_cpu(pool_cpu, site_ns, probed)
         with_stack = _regions_with_frames(stacks)
         walks = self.probe.walk_counts() if ready else {}
