@@ -14,6 +14,7 @@ from ..watch.options import (
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
     WatchOptions,
+    check_expire,
     check_interval,
     parse_listen,
     parse_push,
@@ -114,6 +115,12 @@ def interval_option(default: float, help_text: str) -> Callable[[F], F]:
     help="How the region probes load: the prebuilt CO-RE object through libbpf, or bcc "
     "compiling them here; auto takes CO-RE wherever it loads (as attach's option).",
 )
+@click.option(
+    "--expire",
+    type=float,
+    help="Seconds after its last process exits that a target's series leave the metrics "
+    "[default: 4 intervals, at least 60 s].",
+)
 def watch(
     pids: tuple[int, ...],
     matches: tuple[str, ...],
@@ -126,6 +133,7 @@ def watch(
     keep: int,
     push_url: str | None,
     ebpf_loader: EbpfLoader,
+    expire: float | None,
 ) -> int:
     """Watch processes continuously: Prometheus metrics, findings and pprof profiles."""
     from ..watch.agent import Agent, leave
@@ -140,6 +148,7 @@ def watch(
         push_url=parse_push(push_url) if push_url else None,
         probes=not no_probes,
         ebpf_loader=ebpf_loader,
+        expire_s=check_expire(expire, interval),
     )
     agent = Agent(options)
     agent.install_signals()

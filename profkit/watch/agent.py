@@ -29,7 +29,7 @@ from .options import WatchOptions
 from .probe import NoProbe, RegionProbe
 from .process import ProcessWindow, WatchedProcess
 from .profiles import ProfileDirectory, Pusher, PushItem, pprof_bytes
-from .series import TargetSeries, expire
+from .series import TargetSeries, expire, expiry_s
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -300,7 +300,8 @@ class Agent:
             series.add([w for _, w in items], cgroups[labels], cpus, now_unix)
             updated.append(series)
         live = {labels for _, labels in self.processes.values()}
-        expire(self.series, live, now_unix, self.options.interval_s)
+        after_s = self.options.expire_s or expiry_s(self.options.interval_s)
+        expire(self.series, live, now_unix, after_s)
         for labels, series in self.series.items():
             series.live = labels in live
         self.windows += 1

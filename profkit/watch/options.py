@@ -56,6 +56,7 @@ class WatchOptions:
     push_url: str | None = None
     probes: bool = True  # the OpenMP region probes and the stack walker (eBPF)
     ebpf_loader: EbpfLoader = "auto"
+    expire_s: float | None = None  # None: expiry_s(interval_s)
 
 
 def parse_selectors(
@@ -103,6 +104,19 @@ def parse_push(url: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise UsageError(f"--push {url!r} is not an http(s) URL of a Pyroscope server")
     return url.rstrip("/")
+
+
+def check_expire(seconds: float | None, interval_s: float) -> float | None:
+    """--expire: finite, at least one interval (a target is looked for once a window) and at
+    most a day."""
+    if seconds is None:
+        return None
+    if not (math.isfinite(seconds) and interval_s <= seconds <= 86400):
+        raise UsageError(
+            f"--expire must be at least the interval ({interval_s:g} s) and at most 86400 s, "
+            f"got {seconds:g}"
+        )
+    return seconds
 
 
 def check_interval(seconds: float, minimum: float = MIN_INTERVAL_S) -> float:

@@ -29,9 +29,20 @@ UNKNOWN_SITE = "unknown"
 
 @dataclass(frozen=True)
 class SiteKey:
-    site: str  # file:line of the innermost Python frame that dispatched the regions
-    function: str
-    op: str
+    """A row of watch's sites: the innermost Python frame that dispatched the regions and its
+    op, or, without a frame, one of the rows that stand for several (unknown, other)."""
+
+    frame: Frame | None
+    op: str = ""
+    row: str = ""  # UNKNOWN_SITE or OTHER_SITE where frame is None
+
+    @property
+    def site(self) -> str:
+        return self.frame.label if self.frame else self.row
+
+    @property
+    def function(self) -> str:
+        return self.frame.function if self.frame else ""
 
 
 @dataclass(frozen=True)
@@ -353,7 +364,7 @@ class WatchedProcess:
 def site_key(frames: tuple[Frame, ...]) -> SiteKey:
     inner = frames[-1]
     op, _ = resolve_op(Counter(), [], inner.code)
-    return SiteKey(f"{inner.file}:{inner.line}", inner.function, op or "")
+    return SiteKey(Frame(inner.file, inner.function, inner.line), op or "")
 
 
 def probed_share(ready_s: float, window_start_s: float, now_s: float) -> float:
@@ -372,10 +383,10 @@ def split_pool_cpu(
     late in the window, a few regions of one site would take all of it)."""
     total_ns = sum(site_ns.values())
     if total_ns <= 0:
-        return {SiteKey(UNKNOWN_SITE, "", ""): pool_cpu} if pool_cpu > 0 else {}
+        return {SiteKey(None, row=UNKNOWN_SITE): pool_cpu} if pool_cpu > 0 else {}
     placed = pool_cpu * probed
     split = {k: placed * ns / total_ns for k, ns in site_ns.items()}
     if pool_cpu - placed > 0:
-        unknown = SiteKey(UNKNOWN_SITE, "", "")
+        unknown = SiteKey(None, row=UNKNOWN_SITE)
         split[unknown] = split.get(unknown, 0.0) + pool_cpu - placed
     return split

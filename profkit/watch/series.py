@@ -27,10 +27,10 @@ TOP_SITES = 10
 OTHER_SITE = "other"
 FINDING_IDS = ("quota-oversubscription", "cpu-fanout")
 DEFAULT_SEVERITY = {"quota-oversubscription": "medium", "cpu-fanout": "medium"}
-# A target with no live process for EXPIRE_WINDOWS intervals, and at least EXPIRE_MIN_S, leaves
-# the metrics: without it every short-lived script kept its series for the agent's lifetime. A
-# restart within that time continues the series; a later one starts it again from 0 (a counter
-# reset, which rate() and increase() take in their stride).
+# A target with no live process for EXPIRE_WINDOWS intervals, and at least EXPIRE_MIN_S (or
+# --expire), leaves the metrics: without it every short-lived script kept its series for the
+# agent's lifetime. A restart within that time continues the series; a later one starts it again
+# from 0 (a counter reset, which rate() and increase() take in their stride).
 EXPIRE_WINDOWS = 4
 EXPIRE_MIN_S = 60.0
 
@@ -174,7 +174,7 @@ class TargetSeries:
         self.probe_duty.update(duties)
         top = self._top_sites()
         for (runtime, key), cpu in sites.items():
-            label = key if key in top else SiteKey(OTHER_SITE, "", "")
+            label = key if key in top else SiteKey(None, row=OTHER_SITE)
             series = (runtime, label.site, label.op)
             self.site_cpu[series] = self.site_cpu.get(series, 0.0) + cpu
         self.pool_threads = teams
@@ -238,17 +238,17 @@ def expire(
     series: dict[tuple[str, ...], TargetSeries],
     live: set[tuple[str, ...]],
     now_unix: float,
-    interval_s: float,
+    after_s: float,
 ) -> list[tuple[str, ...]]:
-    """Drop the series of targets gone for expiry_s(interval_s); the labels dropped. Called once
-    a window, so that the metrics and the agent's memory hold only targets seen lately."""
+    """Drop the series of targets gone for after_s; the labels dropped. Called once a window,
+    so that the metrics and the agent's memory hold only targets seen lately."""
     dropped = []
     for labels, target in list(series.items()):
         if labels in live:
             target.gone_since = None
         elif target.gone_since is None:
             target.gone_since = now_unix
-        elif now_unix - target.gone_since >= expiry_s(interval_s):
+        elif now_unix - target.gone_since >= after_s:
             del series[labels]
             dropped.append(labels)
     return dropped

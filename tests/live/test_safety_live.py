@@ -215,7 +215,7 @@ def test_signal_to_a_child_tool(
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     process = subprocess.Popen(
-        attach_command(recipe.pid, duration=4, out=out, report=False, extra=ALL),
+        attach_command(recipe.pid, duration=2.5, out=out, report=False, extra=ALL),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

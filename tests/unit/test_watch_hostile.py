@@ -17,7 +17,7 @@ import pytest
 
 from profkit.errors import EXIT_USAGE, OutputError, UsageError
 from profkit.watch.labels import MAX_NAME, SAFE_NAME, short_name
-from profkit.watch.options import MAX_INTERVAL_S, check_interval
+from profkit.watch.options import MAX_INTERVAL_S, check_expire, check_interval
 from profkit.watch.profiles import (
     MAX_DIR_NAME,
     ProfileDirectory,
@@ -217,15 +217,24 @@ def test_profiles_dir_refused_when_others_could_plant(tmp_path: Path) -> None:
 def test_series_of_gone_targets_expire() -> None:
     a, b = ("a", "", "", ""), ("b", "", "", "")
     series: dict[tuple[str, ...], TargetSeries] = {a: TargetSeries(a), b: TargetSeries(b)}
-    interval = 0.5
-    assert expiry_s(interval) == EXPIRE_MIN_S and expiry_s(60) == 240
-    assert expire(series, {a}, 1000.0, interval) == []
-    assert expire(series, {a}, 1000.0 + EXPIRE_MIN_S - 1, interval) == []
+    assert expiry_s(0.5) == EXPIRE_MIN_S and expiry_s(60) == 240
+    after = expiry_s(0.5)
+    assert expire(series, {a}, 1000.0, after) == []
+    assert expire(series, {a}, 1000.0 + after - 1, after) == []
     # b comes back before it expires: it keeps its series, and its clock starts again.
-    assert expire(series, {a, b}, 1000.0 + EXPIRE_MIN_S - 0.5, interval) == []
-    assert expire(series, {a}, 1100.0, interval) == []
-    assert expire(series, {a}, 1100.0 + EXPIRE_MIN_S, interval) == [b]
+    assert expire(series, {a, b}, 1000.0 + after - 0.5, after) == []
+    assert expire(series, {a}, 1100.0, after) == []
+    assert expire(series, {a}, 1100.0 + after, after) == [b]
     assert set(series) == {a}
+
+
+def test_expire_is_checked_against_the_interval() -> None:
+    assert check_expire(None, 15) is None and check_expire(15, 15) == 15
+    for bad in (14.9, float("nan"), float("inf"), 86401):
+        with pytest.raises(UsageError, match="--expire must be at least the interval"):
+            check_expire(bad, 15)
+    result = run_profkit("watch", "--pid", "1", "--interval", "2", "--expire", "1")
+    assert result.returncode == EXIT_USAGE and "--expire" in one_line(result)
 
 
 # -- push ------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from profkit.bundle.frames import Frame
 from profkit.watch.metrics import AgentCounters, Snapshot, WatchCollector
 from profkit.watch.process import ProcessWindow, SiteKey
 from profkit.watch.series import OTHER_SITE, TOP_SITES, TargetSeries
@@ -35,7 +36,7 @@ def window(
 
 def test_top_ten_sites_and_other() -> None:
     series = TargetSeries(("t", "", "", ""))
-    keys = [SiteKey(f"app.py:{n}", f"f{n}", "aten::copy_") for n in range(1, 13)]
+    keys = [SiteKey(Frame("app.py", f"f{n}", n), "aten::copy_") for n in range(1, 13)]
     # Twelve sites, each window: site n burns n/100 s; the two smallest fall into "other".
     for _ in range(3):
         series.add([window({k: (n + 1) / 100 for n, k in enumerate(keys)})], {}, 4, time.time())
@@ -59,7 +60,7 @@ def test_regions_with_their_stack_and_the_walkers_misses() -> None:
     """Counters over windows, as a scrape renders them: regions with a stack beside all
     regions, and the ones without by the walker's reason."""
     series = TargetSeries(("t", "", "", ""))
-    key = SiteKey("app.py:7", "f", "aten::copy_")
+    key = SiteKey(Frame("app.py", "f", 7), "aten::copy_")
     series.add([window({key: 0.2}, 90, {"no_thread_state": 10, "read_failures": 0})], {}, 4, 1.0)
     series.add([window({key: 0.2}, 97, {"no_thread_state": 1, "read_failures": 2})], {}, 4, 2.0)
     collector = WatchCollector()
@@ -86,8 +87,8 @@ def test_a_window_the_probe_became_ready_in_gives_sites_only_its_rest() -> None:
     late = probed_share(ready_s=10.9, window_start_s=10.0, now_s=11.0)
     assert late == pytest.approx(0.1)
     assert probed_share(ready_s=5.0, window_start_s=10.0, now_s=11.0) == 1.0
-    two = SiteKey("app.py:2", "site_two", "aten::copy_")
+    two = SiteKey(Frame("app.py", "site_two", 2), "aten::copy_")
     split = split_pool_cpu(1.0, {two: 2e6}, late)
     assert split[two] == pytest.approx(0.1)
-    assert split[SiteKey(UNKNOWN_SITE, "", "")] == pytest.approx(0.9)
+    assert split[SiteKey(None, row=UNKNOWN_SITE)] == pytest.approx(0.9)
     assert split_pool_cpu(1.0, {two: 2e6}, 1.0) == {two: 1.0}
