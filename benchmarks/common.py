@@ -74,12 +74,15 @@ class Progress:
         return inside[-1][1] - inside[0][1] if len(inside) >= 2 else 0
 
 
-def spawn(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+Preexec = Callable[[], None] | None  # run in the target's child before exec (joins a quota)
+
+
+def spawn(args: list[str], preexec: Preexec = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=preexec)
 
 
 def start_fanout(
-    threads: int, tensor_mb: float | None = None
+    threads: int, preexec: Preexec = None, tensor_mb: float | None = None
 ) -> tuple[int, Progress, list[subprocess.Popen[str]]]:
     size = ["--tensor-mb", str(tensor_mb)] if tensor_mb else []
     recipe = spawn(
@@ -92,14 +95,17 @@ def start_fanout(
             "0.05",
             *size,
             unbuffered=True,
-        )
+        ),
+        preexec,
     )
     assert recipe.stdout is not None
     recipe.stdout.readline()
     return recipe.pid, Progress(recipe), [recipe]
 
 
-def start_serving(threads: int) -> tuple[int, Progress, list[subprocess.Popen[str]]]:
+def start_serving(
+    threads: int, preexec: Preexec = None
+) -> tuple[int, Progress, list[subprocess.Popen[str]]]:
     port = 18000 + os.getpid() % 1000
     front = spawn(
         [
@@ -111,7 +117,8 @@ def start_serving(threads: int) -> tuple[int, Progress, list[subprocess.Popen[st
             str(port),
             "--threads",
             str(threads),
-        ]
+        ],
+        preexec,
     )
     assert front.stdout is not None
     front.stdout.readline()
@@ -133,12 +140,35 @@ def start_serving(threads: int) -> tuple[int, Progress, list[subprocess.Popen[st
     return front.pid, Progress(load), [load, front]
 
 
+def start_encoder(
+    threads: int, preexec: Preexec = None
+) -> tuple[int, Progress, list[subprocess.Popen[str]]]:
+    recipe = spawn(
+        [
+            sys.executable,
+            "-u",
+            str(ROOT / "recipes" / "encoder.py"),
+            "--threads",
+            str(threads),
+            "--report-every",
+            "0.05",
+        ],
+        preexec,
+    )
+    assert recipe.stdout is not None
+    recipe.stdout.readline()
+    return recipe.pid, Progress(recipe), [recipe]
+
+
+Start = Callable[[int, Preexec], tuple[int, Progress, list[subprocess.Popen[str]]]]
 # target -> started with a pool of N threads: (the pid to profile, its progress, its processes)
-TARGETS: dict[str, Callable[[int], tuple[int, Progress, list[subprocess.Popen[str]]]]] = {
+TARGETS: dict[str, Start] = {
     "fanout": start_fanout,
     "serving": start_serving,
     # 64-KB copies: thousands of small regions a second, over the region probes' budget
-    "flood": lambda threads: start_fanout(threads, tensor_mb=0.0625),
+    "flood": lambda threads, preexec: start_fanout(threads, preexec, tensor_mb=0.0625),
+    # sentence-transformers encoding small batches: tens of thousands of regions a second
+    "encoder": start_encoder,
 }
 
 
@@ -160,16 +190,26 @@ def stop_process(
 
 
 @contextlib.contextmanager
-def running(target: str, threads: int) -> Iterator[tuple[int, Progress]]:
-    """One of TARGETS started with a pool of `threads`: the pid to measure and its progress.
+def running(
+    target: str, threads: int, cores: float | None = None
+) -> Iterator[tuple[int, Progress]]:
+    """One of TARGETS started with a pool of `threads` (in a cgroup of `cores` CPUs' quota where
+    given: the process profiled, not its load generator): the pid to measure and its progress.
     On the way out, Ctrl-C to each of its processes, as a user stops a recipe; killed if one
     has not left in 30 s."""
-    pid, progress, processes = TARGETS[target](threads)
-    try:
-        yield pid, progress
-    finally:
-        for process in processes:
-            stop_process(process)
+    with contextlib.ExitStack() as stack:
+        preexec = None
+        if cores:
+            from profkit.host.sandbox import quota_group
+
+            group = stack.enter_context(quota_group(cores))
+            preexec = lambda: group.add(os.getpid())  # noqa: E731
+        pid, progress, processes = TARGETS[target](threads, preexec)
+        try:
+            yield pid, progress
+        finally:
+            for process in processes:
+                stop_process(process)
 
 
 # Alternating windows, the A/A control, the interval

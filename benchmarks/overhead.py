@@ -2,9 +2,11 @@
 
     .venv/bin/python -m benchmarks.overhead [--targets fanout,serving] [--threads 8,64]
         [--rounds 3] [--seconds 6] [--configs bare,profkit-default,...] [--json FILE]
+        [--cores C]
 
 Each target (the fan-out recipe's copies/s; the serving recipe's requests/s under a steady load;
-`flood`, the fan-out recipe with 64-KB copies, thousands of small regions a second) is started
+`flood`, the fan-out recipe with 64-KB copies, thousands of small regions a second; `encoder`,
+sentence-transformers encoding batches of 8 short sentences, batches/s) is started
 once per pool size and kept running. Its windows alternate: bare, one configuration,
 bare, the next configuration, ..., in a fresh shuffled order every round. A profiled window's
 ratio is its throughput over the mean of the two bare windows around it, so drift of a noisy
@@ -237,9 +239,10 @@ def measure(
     seconds: float,
     warmup: float,
     log: Callable[[str], None],
+    cores: float | None = None,
 ) -> dict[str, list[float]]:
     """Ratios per configuration, and the bare windows' rates under "bare"."""
-    with running(target, threads) as (pid, progress):
+    with running(target, threads, cores) as (pid, progress):
         cpu = CpuTrace(pid)
 
         def profiled(config: Config) -> tuple[str, int, int, str]:
@@ -314,12 +317,19 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--configs", default=DEFAULT_CONFIGS)
     parser.add_argument("--json", help="also write the raw ratios here")
+    parser.add_argument(
+        "--cores", type=float, help="run each target in a cgroup with this CPU quota (root)"
+    )
     args = parser.parse_args()
     configs = [parse_config(name) for name in args.configs.split(",") if name != "bare"]
     for target in args.targets.split(","):
         if target not in TARGETS:
             raise SystemExit(f"unknown target {target}")
-    print(f"# {os.cpu_count()} CPUs, {args.rounds} rounds, {args.seconds:g} s windows", flush=True)
+    quota = f", targets in a {args.cores:g}-core quota" if args.cores else ""
+    print(
+        f"# {os.cpu_count()} CPUs, {args.rounds} rounds, {args.seconds:g} s windows{quota}",
+        flush=True,
+    )
     results: dict[tuple[str, int], dict[str, list[float]]] = {}
     for target in args.targets.split(","):
         for threads in (int(t) for t in args.threads.split(",")):
@@ -331,6 +341,7 @@ def main() -> int:
                 args.seconds,
                 args.warmup,
                 lambda line: print(line, flush=True),
+                args.cores,
             )
     print()
     print("\n".join(table(results)))

@@ -6,6 +6,10 @@ with its command-to-prompt time (the report printed), its loader, method and the
 Runs as root on a pure cgroup v2 host (it makes and removes a child group with the quota). The
 shares are those of the pool's CPU per call site; the recipe dispatches 1:2:3 regions of equal
 work (1-MB copies), so 1/6, 2/6, 3/6 is the truth.
+
+`--recipe encoder` captures the sentence encoder instead (recipes/encoder.py, `--library`
+as given): the part of the pool's CPU placed in the model's code (torch.nn, transformers,
+sentence-transformers) and its largest sites.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CGROUP = Path("/sys/fs/cgroup")
 SITES = ("site_one", "site_two", "site_three")
+MODEL_CODE = ("/torch/nn/", "/transformers/", "/sentence_transformers/")
 
 
 def quota_group(cores: float) -> Path:
@@ -38,12 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--captures", type=int, default=5)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--mb", type=float, default=1.0)
+    parser.add_argument("--recipe", choices=["sites", "encoder"], default="sites")
+    parser.add_argument("--library", default="sentence-transformers", help="the encoder's")
     parser.add_argument("extra", nargs="*", help="more `profkit attach` options, after --")
     args = parser.parse_args(argv)
     group = quota_group(args.cores)
-    recipe_args = ["--pool", "torch", "--threads", str(args.threads), "--mb", str(args.mb)]
+    if args.recipe == "sites":
+        recipe_args = ["--pool", "torch", "--threads", str(args.threads), "--mb", str(args.mb)]
+    else:
+        recipe_args = ["--threads", str(args.threads), "--library", args.library]
     recipe = subprocess.Popen(
-        [sys.executable, "-u", str(ROOT / "recipes" / "sites.py"), *recipe_args],
+        [sys.executable, "-u", str(ROOT / "recipes" / f"{args.recipe}.py"), *recipe_args],
         stdout=subprocess.PIPE,
         text=True,
         preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
@@ -81,6 +91,22 @@ def main(argv: list[str] | None = None) -> int:
                     else {}
                 )
                 rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
+                if args.recipe == "encoder":
+                    in_model = sum(
+                        r["share"] for r in rows.values() if any(m in r["site"] for m in MODEL_CODE)
+                    )
+                    top = sorted(rows.values(), key=lambda r: -r["share"])[:4]
+                    print(
+                        f"capture {capture}: prompt {prompt_s:.1f} s "
+                        f"methods={sorted({r['method'] for r in rows.values()})} "
+                        f"samples={sum(r['samples'] for r in rows.values())} "
+                        f"in_model={in_model:.3f} "
+                        + " ".join(
+                            f"{r['function']}={r['share']:.3f}±{r['uncertainty']}" for r in top
+                        ),
+                        flush=True,
+                    )
+                    continue
                 pools = [p for p in report["pools"] if p["runtime"] == "openmp"]
                 pool_cores = pools[0]["cores"] if pools else 0.0
                 first: dict = next(iter(rows.values()), {})
