@@ -3,7 +3,7 @@ with its command-to-prompt time (the report printed), its loader, method and the
 
     python -m benchmarks.three_sites_node --cores 2 --threads 16 --captures 5
 
-Runs as root on a pure cgroup v2 host (it makes and removes a child group with the quota). The
+Runs as root (it makes and removes a cgroup with the quota, v1 or v2). The
 shares are those of the pool's CPU per call site; the recipe dispatches 1:2:3 regions of equal
 work (1-MB copies), so 1/6, 2/6, 3/6 is the truth.
 
@@ -23,17 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from profkit.host.sandbox import QuotaGroup, quota_group
+
 ROOT = Path(__file__).resolve().parent.parent
-CGROUP = Path("/sys/fs/cgroup")
 SITES = ("site_one", "site_two", "site_three")
 MODEL_CODE = ("/torch/nn/", "/transformers/", "/sentence_transformers/")
-
-
-def quota_group(cores: float) -> Path:
-    group = CGROUP / f"profkit-bench-{os.getpid()}"
-    group.mkdir()
-    (group / "cpu.max").write_text(f"{int(cores * 100_000)} 100000\n")
-    return group
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--library", default="sentence-transformers", help="the encoder's")
     parser.add_argument("extra", nargs="*", help="more `profkit attach` options, after --")
     args = parser.parse_args(argv)
-    group = quota_group(args.cores)
+    with quota_group(args.cores) as group:
+        return captures(args, group)
+
+
+def captures(args: argparse.Namespace, group: QuotaGroup) -> int:
     if args.recipe == "sites":
         recipe_args = ["--pool", "torch", "--threads", str(args.threads), "--mb", str(args.mb)]
     else:
@@ -56,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         [sys.executable, "-u", str(ROOT / "recipes" / f"{args.recipe}.py"), *recipe_args],
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
+        preexec_fn=lambda: group.add(os.getpid()),
     )
     try:
         assert recipe.stdout is not None
@@ -92,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
                 if args.recipe == "encoder":
+                    decision = (
+                        json.loads((out / "ebpf.json").read_text()).get("regions_decision") or {}
+                        if (out / "ebpf.json").exists()
+                        else {}
+                    )
                     in_model = sum(
                         r["share"] for r in rows.values() if any(m in r["site"] for m in MODEL_CODE)
                     )
@@ -103,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"in_model={in_model:.3f} "
                         + " ".join(
                             f"{r['function']}={r['share']:.3f}±{r['uncertainty']}" for r in top
-                        ),
+                        )
+                        + f" regions_per_s={decision.get('regions_per_s', '-')}"
+                        f" duty={decision.get('duty', '-')}",
                         flush=True,
                     )
                     continue
@@ -135,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         recipe.terminate()
         recipe.wait(timeout=30)
-        group.rmdir()
     return 0
 
 
