@@ -29,7 +29,8 @@ one) | pyspy-native-<N>hz
 (py-spy record --native --idle alone) | profkit-default[-nonblocking] |
 profkit-<collector>[+<collector>...][-<N>hz], each profkit one optionally ending in -budget<P>
 (`--budget P`: profkit-default-budget0.3 is the default set with the region probes detached on
-the serving recipe at 64 threads, everything else as at the default 2%).
+the serving recipe at 64 threads, everything else as at the default 2%), and then optionally in
+-core or -bcc (`--ebpf-loader`: profkit-default-core against profkit-default-bcc).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Config:
     rate: str = ""  # py-spy rate ("" = profkit's default)
     mode: str = ""  # profkit's py-spy mode ("" = profkit's default)
     budget: str = ""  # profkit's --budget in percent ("" = profkit's default)
+    loader: str = ""  # profkit's --ebpf-loader ("" = auto)
 
 
 def parse_config(name: str) -> Config:
@@ -81,7 +83,10 @@ def parse_config(name: str) -> Config:
         return Config(name, "pyspy", rate=name.removeprefix("pyspy-native-").removesuffix("hz"))
     if not name.startswith("profkit-"):
         raise SystemExit(f"unknown configuration {name}")
-    rest, mode, rate, budget = name.removeprefix("profkit-"), "", "", ""
+    rest, mode, rate, budget, loader = name.removeprefix("profkit-"), "", "", "", ""
+    for choice in ("core", "bcc"):
+        if rest.endswith(f"-{choice}"):
+            rest, loader = rest.removesuffix(f"-{choice}"), choice
     if "-budget" in rest:
         rest, budget = rest.rsplit("-budget", 1)
     if rest.endswith("-nonblocking"):
@@ -90,7 +95,7 @@ def parse_config(name: str) -> Config:
         rest, rate = rest.rsplit("-", 1)
         rate = rate.removesuffix("hz")
     collectors = "" if rest == "default" else rest.replace("+", ",")
-    return Config(name, "profkit", collectors, rate, mode, budget)
+    return Config(name, "profkit", collectors, rate, mode, budget, loader)
 
 
 @dataclass
@@ -203,10 +208,17 @@ def profile(config: Config, pid: int, seconds: float) -> tuple[int, int, str]:
         )
         if config.budget:
             args += ["--budget", config.budget]
+        if config.loader:
+            args += ["--ebpf-loader", config.loader]
         subprocess.run(args, capture_output=True, check=False, cwd=ROOT)
         manifest = json.loads(Path(f"{scratch}/b/manifest.json").read_text())
         window = manifest["window"]
-        return window["start_ns"], window["end_ns"], profkit_notes(manifest)
+        notes = profkit_notes(manifest)
+        ebpf = Path(f"{scratch}/b/ebpf.json")
+        if ebpf.exists():  # which loader ran: auto, or a fallback from the one asked for
+            loader = (json.loads(ebpf.read_text()).get("loader") or {}).get("name", "?")
+            notes = f"loader {loader}, {notes}"
+        return window["start_ns"], window["end_ns"], notes
 
 
 # What a default capture's start-up does before its window opens, on 2 cores (the attach-span
