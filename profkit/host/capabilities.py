@@ -19,11 +19,15 @@ from typing import Literal
 from .cgroup import MOUNTINFO, parse_mountinfo
 from .tools import find_tool
 
-CheckStatus = Literal["ok", "missing", "unsupported", "warn"]
+CheckStatus = Literal["ok", "missing", "unsupported", "warn", "not needed"]
 OK: CheckStatus = "ok"
 MISSING: CheckStatus = "missing"
 UNSUPPORTED: CheckStatus = "unsupported"
 WARN: CheckStatus = "warn"
+NOT_NEEDED: CheckStatus = "not needed"  # missing, but what it serves runs another way
+# What only bcc's loader uses: where the prebuilt CO-RE object loads, their absence costs nothing.
+BCC_ONLY = ("kernel headers", "bcc", "tracefs")
+CORE_CHECK = "CO-RE (libbpf)"
 CAPABILITY_BITS = {"CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_PERFMON": 38, "CAP_BPF": 39}
 SOFTWARE_EVENTS = ("task-clock", "context-switches", "cpu-migrations", "page-faults")
 HARDWARE_EVENTS = ("cycles", "instructions")
@@ -253,20 +257,18 @@ def check_core() -> Check:
             [sys.executable, "-c", CORE_PROBE], capture_output=True, text=True, timeout=60
         )
     except subprocess.TimeoutExpired:
-        return Check("CO-RE (libbpf)", MISSING, "loading the process program took over 60 s")
+        return Check(CORE_CHECK, MISSING, "loading the process program took over 60 s")
     text = (out.stdout + out.stderr).strip()
     if out.stdout.startswith("core-ok"):
         version = out.stdout.split()[-1]
         loaded = f"libbpf {version} loaded the prebuilt sampler, walker and region probes"
-        return Check("CO-RE (libbpf)", OK, loaded)
+        return Check(CORE_CHECK, OK, loaded)
     last = text.splitlines()[-1] if text else f"exit {out.returncode}"
     if "core-missing:" in last:
         reason = last.split("core-missing:", 1)[1].strip()
         fix = "apt-get install libbpf1" if "libbpf" in reason else "a kernel with BTF"
-        return Check("CO-RE (libbpf)", MISSING, reason, fix)
-    return Check(
-        "CO-RE (libbpf)", MISSING, f"load failed: {last[:160]}", "run as root with CAP_BPF"
-    )
+        return Check(CORE_CHECK, MISSING, reason, fix)
+    return Check(CORE_CHECK, MISSING, f"load failed: {last[:160]}", "run as root with CAP_BPF")
 
 
 def check_btf() -> Check:
@@ -418,4 +420,25 @@ def run_checks() -> list[Check]:
     for check in CHECKS:
         outcome = check()
         results.extend(outcome if isinstance(outcome, list) else [outcome])
-    return results
+    return settle_loaders(results)
+
+
+def settle_loaders(checks: list[Check]) -> list[Check]:
+    """Where the CO-RE object loads, a missing bcc, kernel headers or tracefs is not needed
+    (only `--ebpf-loader bcc` uses them: libbpf attaches uprobes through perf events, not
+    tracefs): said so, with what to install for bcc, and not listed among the fixes."""
+    core = next((c for c in checks if c.name == CORE_CHECK), None)
+    if core is None or not core.passed:
+        return checks
+    return [
+        Check(
+            c.name,
+            NOT_NEEDED,
+            f"{c.detail}; CO-RE loads every program"
+            + (f" (for --ebpf-loader bcc: {c.fix})" if c.fix else ""),
+            core=c.core,
+        )
+        if c.name in BCC_ONLY and c.status != OK
+        else c
+        for c in checks
+    ]

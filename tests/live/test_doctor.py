@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from profkit.host.capabilities import MISSING, OK, UNSUPPORTED
+from profkit.host.capabilities import MISSING, NOT_NEEDED, OK, UNSUPPORTED
 
 from ..support import run_profkit
 
@@ -41,9 +41,23 @@ def test_doctor_matches_the_machine() -> None:
 
 
 def test_doctor_text_has_reasons_and_fixes() -> None:
-    result = run_profkit("doctor", env={"PROFKIT_DISABLE_BCC": "1"}, timeout=300)
+    # Neither loader can run: bcc disabled and no libbpf to load the CO-RE object with.
+    env = {"PROFKIT_DISABLE_BCC": "1", "PROFKIT_LIBBPF": "/nonexistent/libbpf.so.1"}
+    result = run_profkit("doctor", env=env, timeout=300)
     assert "capability" in result.stdout and "bcc" in result.stdout
     assert "disabled by PROFKIT_DISABLE_BCC" in result.stdout
-    assert "to fix:" in result.stdout
+    fixes = result.stdout.split("to fix:", 1)[1]
+    assert "bcc: apt-get install bpfcc-tools" in fixes and "apt-get install libbpf1" in fixes
     # bcc is not core: doctor still exits 0 without it.
     assert result.returncode == 0
+
+
+def test_what_only_bcc_uses_is_not_needed_where_core_loads() -> None:
+    code, checks = doctor_json({"PROFKIT_DISABLE_BCC": "1"})
+    assert code == 0 and checks["CO-RE (libbpf)"]["status"] == OK, checks["CO-RE (libbpf)"]
+    bcc = checks["bcc"]
+    assert bcc["status"] == NOT_NEEDED and bcc["fix"] == "", bcc
+    assert "disabled by PROFKIT_DISABLE_BCC" in bcc["detail"] and "bpfcc-tools" in bcc["detail"]
+    text = run_profkit("doctor", env={"PROFKIT_DISABLE_BCC": "1"}, timeout=300).stdout
+    fixes = text.split("to fix:", 1)[1] if "to fix:" in text else ""
+    assert "  bcc: " not in fixes, fixes

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from profkit.host import capabilities, tools
-from profkit.host.capabilities import MISSING, OK, UNSUPPORTED
+from profkit.host.capabilities import (
+    MISSING,
+    NOT_NEEDED,
+    OK,
+    UNSUPPORTED,
+    Check,
+    CheckStatus,
+    settle_loaders,
+)
 
 from ..support import run_profkit
 
@@ -122,3 +130,22 @@ def test_code_readers_check_imports_the_libraries(monkeypatch: pytest.MonkeyPatc
     assert missing.status == capabilities.WARN and not missing.core
     assert "capstone (ERROR: fail to load" in missing.detail and "uretprobe" in missing.detail
     assert "pip install pyelftools capstone" in missing.fix
+
+
+def test_what_only_bcc_uses_is_not_needed_only_where_core_loads() -> None:
+    def checks(core: CheckStatus) -> list[Check]:
+        return [
+            Check("kernel headers", MISSING, "no build link", "make setup"),
+            Check("bcc", MISSING, "bcc is not installed", "apt-get install bpfcc-tools"),
+            Check("CO-RE (libbpf)", core, "libbpf 1.1 loaded"),
+            Check("tracefs", OK, "/sys/kernel/tracing"),
+            Check("perf", MISSING, "not found", "apt-get install linux-perf"),
+        ]
+
+    settled = {c.name: c for c in settle_loaders(checks(OK))}
+    for name in ("kernel headers", "bcc"):
+        assert settled[name].status == NOT_NEEDED and settled[name].fix == ""
+    assert "for --ebpf-loader bcc: apt-get install bpfcc-tools" in settled["bcc"].detail
+    assert settled["tracefs"].status == OK  # found rows are left as they are
+    assert settled["perf"].status == MISSING  # perf serves its own collectors
+    assert settle_loaders(checks(MISSING)) == checks(MISSING)
