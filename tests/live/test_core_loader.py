@@ -161,3 +161,37 @@ print(json.dumps({{"multi": core.multi_uprobes, "points": len(points), "regions"
         assert found["multi"] is (links == "multi"), found
         assert found["points"] >= 2 and found["regions"] > 0, (links, found)
         assert code_bytes(recipe.pid, addresses) == original, links
+
+
+def test_a_log_is_read_in_batches_as_written(tmp_path: Path) -> None:
+    """The region log read back through libbpf's batch lookups: the used part only, in index
+    order, each entry as written; the whole array across the kernel's batches."""
+    from profkit.capture.ebpf import core_program, libbpf
+    from profkit.capture.ebpf.logs import read_log
+
+    if libbpf.readiness():
+        pytest.skip(f"CO-RE unavailable: {libbpf.readiness()}")
+    capacity = 70_000
+    core = libbpf.CoreObject(
+        core_program.OBJECT,
+        core_program.ProcessConfig(py_frame_span=8),
+        {"region_log": capacity},
+        core_program.TYPES,
+    )
+    try:
+        log = core["region_log"]
+        written = 50_000
+        for i in range(0, written, 7):
+            log[i] = core_program.Region(start_ns=i * 3, end_ns=i * 3 + 1, tid=i % 97 + 1)
+        lost = {"regions": 0}
+        entries = read_log(core, "region_log", written, lost, "regions")
+        assert [index for index, _ in entries] == list(range(written))
+        assert all(v.start_ns == (i * 3 if i % 7 == 0 else 0) for i, v in entries)
+        assert all(v.tid == (i % 97 + 1 if i % 7 == 0 else 0) for i, v in entries)
+        assert lost == {"regions": 0}
+        whole = log.items_lookup_batch()
+        assert [key.value for key, _ in whole] == list(range(capacity))
+        assert read_log(core, "region_log", capacity + 5, lost, "regions")[-1][0] == capacity - 1
+        assert lost == {"regions": 5}
+    finally:
+        core.close()

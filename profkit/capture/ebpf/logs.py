@@ -8,6 +8,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
+from .libbpf import Table
 from .loader import BpfProgram
 
 
@@ -35,6 +36,8 @@ def read_log(
     lost[which] += max(0, count - capacity)
     if used <= 0 or capacity <= 1:
         return []
+    if isinstance(log, Table):  # libbpf's batch lookup reads the used part alone
+        return log.first(used)
     # A batch lookup copies the whole array, used or not: for a log mostly empty, one lookup
     # per used entry is cheaper.
     if used < capacity // 8:
