@@ -7,7 +7,7 @@ import json
 import click
 
 from ..errors import EXIT_CAPABILITY, EXIT_OK
-from ..host.capabilities import run_checks
+from ..host.capabilities import NOT_NEEDED, OK, run_checks
 from ..render.table import table
 from .options import json_option
 
@@ -25,7 +25,7 @@ def doctor(as_json: bool) -> int:
     else:
         rows = [(c.name, c.status + ("*" if c.core else ""), c.detail) for c in checks]
         click.echo(table(("capability", "status", "detail"), rows, (22, 12, 0), wrap_last=42))
-        fixes = [(c.name, c.fix) for c in checks if c.fix and not c.passed]
+        fixes = [(c.name, c.fix) for c in checks if c.fix and c.status not in (OK, NOT_NEEDED)]
         if fixes:
             click.echo("\nto fix:")
             for name, fix in fixes:

@@ -426,18 +426,12 @@ def run_checks() -> list[Check]:
 def settle_loaders(checks: list[Check]) -> list[Check]:
     """Where the CO-RE object loads, a missing bcc, kernel headers or tracefs is not needed
     (only `--ebpf-loader bcc` uses them: libbpf attaches uprobes through perf events, not
-    tracefs): said so, with what to install for bcc, and not listed among the fixes."""
+    tracefs): said so; the fix stays with the row (for bcc) but is not among doctor's fixes."""
     core = next((c for c in checks if c.name == CORE_CHECK), None)
     if core is None or not core.passed:
         return checks
     return [
-        Check(
-            c.name,
-            NOT_NEEDED,
-            f"{c.detail}; CO-RE loads every program"
-            + (f" (for --ebpf-loader bcc: {c.fix})" if c.fix else ""),
-            core=c.core,
-        )
+        Check(c.name, NOT_NEEDED, f"CO-RE loads every program; {c.detail}", c.fix, c.core)
         if c.name in BCC_ONLY and c.status != OK
         else c
         for c in checks

@@ -56,8 +56,8 @@ def test_what_only_bcc_uses_is_not_needed_where_core_loads() -> None:
     code, checks = doctor_json({"PROFKIT_DISABLE_BCC": "1"})
     assert code == 0 and checks["CO-RE (libbpf)"]["status"] == OK, checks["CO-RE (libbpf)"]
     bcc = checks["bcc"]
-    assert bcc["status"] == NOT_NEEDED and bcc["fix"] == "", bcc
-    assert "disabled by PROFKIT_DISABLE_BCC" in bcc["detail"] and "bpfcc-tools" in bcc["detail"]
+    assert bcc["status"] == NOT_NEEDED and "bpfcc-tools" in bcc["fix"], bcc
+    assert "disabled by PROFKIT_DISABLE_BCC" in bcc["detail"]
     text = run_profkit("doctor", env={"PROFKIT_DISABLE_BCC": "1"}, timeout=300).stdout
     fixes = text.split("to fix:", 1)[1] if "to fix:" in text else ""
     assert "  bcc: " not in fixes, fixes
