@@ -544,6 +544,10 @@ class EbpfCollector:
         self._judged.wait(timeout=5)  # a window cut short by a signal may end before the check
         self._stop_cycle()
         end_ns = self._context.clock()
+        # The region counters while every probe is still on: the links close in any order, and
+        # regions entered after an end probe went but before its entry probe did would read as
+        # regions without an end. The log is read up to this count of ended regions.
+        counts = unseen_ends(self._process) if self._process is not None else None
         if self._core is not None:
             # Every probe off as the window ends; the kernel's waits for their closes overlap
             # the reading below and the report (the maps stay readable).
@@ -562,7 +566,8 @@ class EbpfCollector:
             python["reason"] = self.walker.reason
         if self._process is not None:
             process = self._process
-            entries, ended, missed = unseen_ends(process)
+            assert counts is not None
+            entries, ended, missed = counts
             # Not after the probes were detached: regions in flight then lose their ends, and
             # the log is not read.
             if not self.regions_detached and missed > max(5, entries // 100):
