@@ -15,6 +15,8 @@ demo: setup
 	@$(PY) recipes/demo.py
 
 RUFF_PATHS := profkit recipes tests benchmarks scripts
+# The tests run in two lanes at once (scripts/test_lanes.sh); LANES=1 runs them in one.
+LANES ?= 2
 
 test:
 	@bash scripts/setup.sh --test
@@ -23,7 +25,7 @@ test:
 	@$(VENV)/bin/ruff check $(RUFF_PATHS)
 	@$(VENV)/bin/ruff format --check $(RUFF_PATHS)
 	@$(MYPY)
-	@$(PY) -m pytest -ra $(PYTEST_ARGS)
+	@LANES=$(LANES) PY=$(PY) bash scripts/test_lanes.sh $(PYTEST_ARGS)
 
 lint: setup
 	@$(VENV)/bin/ruff check $(RUFF_PATHS)

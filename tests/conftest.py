@@ -9,6 +9,13 @@ there is marked `live`, so that `-m "not live"` selects tests/unit.
 `root` marks a test that needs root (cgroups, ptrace, perf, bcc, other users); it is skipped
 where the tests do not run as root. A test under tests/unit marked `root` or `live` stops the
 collection: it belongs in tests/live.
+
+`make test` runs the tests in two lanes at once (scripts/test_lanes.sh), so that one lane's
+waits (capture windows, watch intervals, scrapes) overlap the other's work: the side lane, marked
+`side_lane` here, holds tests/unit, the watch agent's tests and the bad-input and hostile tests;
+the capture lane holds the rest of tests/live, which attaches captures to recipes. Either lane's
+tests run beside the other's, so no test may assume the machine to itself (a leftover check looks
+at what its own tools made: support.stale_uprobe_events).
 """
 
 from __future__ import annotations
@@ -21,12 +28,23 @@ import pytest
 HERE = Path(__file__).resolve().parent
 UNIT = HERE / "unit"
 LIVE = HERE / "live"
+# The live test files of the side lane (see above); everything else under tests/live is the
+# capture lane's.
+SIDE_LANE = ("test_watch_", "test_bad_input.py", "test_hostile.py", "test_target_files.py")
+
+
+def lane(path: Path) -> str:
+    if path.is_relative_to(UNIT) or path.name.startswith(SIDE_LANE):
+        return "side"
+    return "capture"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     misplaced = []
     for item in items:
         path = Path(item.path).resolve()
+        if lane(path) == "side":
+            item.add_marker(pytest.mark.side_lane)
         if path.is_relative_to(LIVE):
             item.add_marker(pytest.mark.live)
         elif path.is_relative_to(UNIT):

@@ -4,6 +4,7 @@ child, as this user or as another one."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,31 @@ DATA = Path(__file__).resolve().parent / "data"
 
 NOBODY = 65534
 SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+
+# bcc names each tracefs uprobe event after the process that made it (..._bcc_<pid>), and so does
+# libbpf where it has to fall back to tracefs (libbpf_<pid>_...); its usual uprobes are perf
+# events, gone with their file descriptors.
+_EVENT_OWNER = re.compile(r"(?:_bcc_|libbpf_)(\d+)")
+
+
+def uprobe_events() -> list[str]:
+    """The machine's tracefs uprobe events, one line each."""
+    for base in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
+        path = Path(base) / "uprobe_events"
+        if path.exists():
+            return path.read_text().splitlines()
+    return []
+
+
+def stale_uprobe_events() -> list[str]:
+    """The uprobe events whose maker has exited: what a tracer left behind. Events of processes
+    still running belong to other captures (tests run in two lanes), not to the one checked."""
+    stale = []
+    for line in uprobe_events():
+        owner = _EVENT_OWNER.search(line)
+        if owner is None or not Path(f"/proc/{owner.group(1)}").exists():
+            stale.append(line)
+    return stale
 
 
 def run_profkit(

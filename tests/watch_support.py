@@ -236,10 +236,3 @@ def thread_cpu(pid: int) -> dict[int, float]:
             fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
             out[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
     return out
-
-
-def uprobe_events() -> str:
-    for path in ("/sys/kernel/tracing/uprobe_events", "/sys/kernel/debug/tracing/uprobe_events"):
-        with contextlib.suppress(OSError):
-            return Path(path).read_text()
-    return ""

@@ -25,7 +25,7 @@ from profkit.capture.startup import LONG_STOP_S
 from profkit.host import procfs
 from recipes.launch import attach_command
 
-from ..support import ROOT, run_profkit
+from ..support import ROOT, run_profkit, stale_uprobe_events
 from .conftest import Captured, Recipe, StartRecipe, attach
 from .copy_kernel import copy_kernel_samples, inside_regions, probed
 
@@ -266,18 +266,6 @@ def test_capture_without_bcc_says_why(start_recipe: StartRecipe, tmp_path: Path)
     report = run_profkit("report", str(tmp_path / "b"), "--format", "json")
     assert report.returncode == 0, report.stderr
     assert "ebpf" in json.loads(report.stdout)["not_captured"]
-
-
-def uprobes_of(pid: int) -> str:
-    for base in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
-        path = Path(base) / "uprobe_events"
-        if path.exists():
-            return "\n".join(
-                line
-                for line in path.read_text().splitlines()
-                if str(pid) in line or "GOMP" in line or "kmpc" in line
-            )
-    return ""
 
 
 def children_of(pid: int) -> list[int]:
@@ -583,7 +571,7 @@ def test_a_flood_of_small_regions_switches_the_region_probes(
     # test_region_ends_follow_the_workers_copy_work).
     assert kept["regions"]["tid"] and not kept["regions_decision"].get("on_ns"), measured
     assert kept["region_entries"] - len(kept["regions"]["tid"]) <= 2, kept["region_entries"]
-    assert uprobes_of(recipe.pid) == ""
+    assert stale_uprobe_events() == []
 
     def budget(share_of_measured: float) -> str:
         """--budget whose probes' part is this share of what the measured rate costs."""
@@ -609,7 +597,7 @@ def test_a_flood_of_small_regions_switches_the_region_probes(
     assert starts, decision
     assert all(any(a <= t <= b for a, b in on) for t in starts), "regions only in on-times"
     assert all(s >= 0 for s in ebpf["regions"]["stack"]), "every region carries its stack"
-    assert uprobes_of(recipe.pid) == ""
+    assert stale_uprobe_events() == []
     report = run_profkit("report", str(switched), "--format", "json")
     assert report.returncode == 0, report.stderr
     data = json.loads(report.stdout)
@@ -641,7 +629,7 @@ def test_a_flood_of_small_regions_switches_the_region_probes(
     report = run_profkit("report", str(tight))
     assert report.returncode == 0, report.stderr
     assert "OpenMP region probes detached" in report.stdout
-    assert uprobes_of(recipe.pid) == ""
+    assert stale_uprobe_events() == []
     assert recipe.process.poll() is None, "the target keeps running"
 
 

@@ -19,7 +19,7 @@ from profkit.host import procfs
 from profkit.host.target import inspect
 from recipes.launch import attach_args, attach_command
 
-from ..support import ROOT, run_profkit
+from ..support import ROOT, run_profkit, stale_uprobe_events
 from .conftest import StartRecipe
 
 pytestmark = pytest.mark.root
@@ -34,14 +34,6 @@ def states(pid: int) -> set[str]:
         except FileNotFoundError:
             continue
     return out
-
-
-def uprobes() -> str:
-    for base in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
-        path = Path(base) / "uprobe_events"
-        if path.exists():
-            return path.read_text()
-    return ""
 
 
 def leftovers(bundle: Path) -> list[str]:
@@ -203,7 +195,7 @@ def test_signal_to_profkit_at_a_random_moment(
         assert process.returncode == 130
         assert manifest["status"] == "partial"
     assert leftovers(out) == []
-    assert f"{recipe.pid}" not in uprobes()
+    assert stale_uprobe_events() == []
     assert recipe.process.poll() is None
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ..watch_support import agent, uprobe_events
+from ..support import stale_uprobe_events
+from ..watch_support import agent
 
 pytestmark = pytest.mark.root
 
@@ -54,7 +55,7 @@ def test_six_new_targets_have_series_from_the_first_window(tmp_path: Path) -> No
             assert seen == set(names), (seen, a.output)
             code, took = a.terminate()  # while probes are still loading, most likely
         assert code == 0 and took < 5, (took, a.output)
-        assert "profkit" not in uprobe_events()
+        assert stale_uprobe_events() == []
         assert all(p.poll() is None for p in processes)
     finally:
         for p in processes:

@@ -11,7 +11,7 @@ import pytest
 from profkit.autothreads import THREAD_VARIABLES
 from profkit.host.cgroup import parse_cpu_stat, recommended_threads
 
-from ..support import RECIPES
+from ..support import RECIPES, stale_uprobe_events
 from ..watch_support import (
     Readings,
     agent,
@@ -21,7 +21,6 @@ from ..watch_support import (
     promql,
     samples,
     thread_cpu,
-    uprobe_events,
 )
 from .conftest import StartRecipe, _start
 
@@ -64,7 +63,6 @@ def wait_scrapes(base: str, job_selector: str, count: int, timeout: float = 90) 
 
 def test_watch_scraped_by_prometheus(start_recipe: StartRecipe) -> None:
     need_prometheus()
-    events_before = uprobe_events()
     tag = f"watch-test-{os.getpid()}"
     # The recipe with the default pool, in a quota it cannot run.
     over = start_recipe("shm_fanout.py", "--report-every", "60", cores=QUOTA, warmup=1.0)
@@ -175,4 +173,4 @@ def test_watch_scraped_by_prometheus(start_recipe: StartRecipe) -> None:
     assert (code_a, code_b) == (0, 0), a.output + b.output
     assert took_a < 5 and took_b < 5
     assert "every probe detached" in a.output
-    assert uprobe_events() == events_before
+    assert stale_uprobe_events() == []
