@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .activity import Activity
-from .attribution import Attribution
+from .attribution import Attribution, SiteShare
 from .reconcile import Reconciliation
 from .roles import Pool
 from .throttling import QuotaUse
@@ -84,27 +84,7 @@ def fanout(
                 ],
             }
         )
-    copy_site = next((s for s in sites if s.op == "aten::copy_"), None)
-    if copy_site is not None and copy_site is top:
-        fix = (
-            f"at {top.site.label}, copy without the intra-op pool: write the bytes through a "
-            "numpy view (shm.buf[:] = tensor.detach().view(torch.uint8).reshape(-1).numpy()),"
-            " or run this copy under torch.set_num_threads(1); a process-wide thread cap "
-            "also works but slows every other op"
-        )
-    elif top:
-        fix = (
-            f"several sites fan out ({top.op or 'an op'} at {top.site.label} the most): cap "
-            "the intra-op pool for the process (OMP_NUM_THREADS / torch.set_num_threads), "
-            "or run the hot calls under torch.set_num_threads(1)"
-        )
-        if copy_site is not None:
-            fix += (
-                f"; the copy at {copy_site.site.label} can also go through a numpy view "
-                "instead of Tensor.copy_()"
-            )
-    else:
-        fix = "cap the intra-op pool (OMP_NUM_THREADS / torch.set_num_threads)"
+    fix = fanout_fix(sites)
     severity = "high" if share >= 0.5 else "medium"
     summary = (
         f"{len(pool.workers)} {pool.name} workers burned {recon.pool_workers:.2f} of the "
@@ -112,6 +92,39 @@ def fanout(
         f" not see (Python samples explain {recon.python_sampled_cores:.2f}){where}"
     )
     return Finding("cpu-fanout", severity, summary, evidence, fix)
+
+
+def byte_copy(site: SiteShare) -> bool:
+    """Whether the site is a copy that a numpy view can do: aten::copy_ is also the kernel of a
+    dtype or layout conversion (.to(), .float(), .contiguous()), which no byte write replaces,
+    so the line must call copy_() itself (or not have been read)."""
+    return site.op == "aten::copy_" and (site.code is None or "copy_(" in site.code)
+
+
+def fanout_fix(sites: tuple[SiteShare, ...]) -> str:
+    """The fix for a pool that fans out, from its sites (largest share first)."""
+    top = sites[0] if sites else None
+    copy_site = next((s for s in sites if byte_copy(s)), None)
+    if top is None:
+        return "cap the intra-op pool (OMP_NUM_THREADS / torch.set_num_threads)"
+    if copy_site is top:
+        return (
+            f"at {top.site.label}, copy without the intra-op pool: write the bytes through a "
+            "numpy view (shm.buf[:] = tensor.detach().view(torch.uint8).reshape(-1).numpy()),"
+            " or run this copy under torch.set_num_threads(1); a process-wide thread cap "
+            "also works but slows every other op"
+        )
+    fix = (
+        f"several sites fan out ({top.op or 'an op'} at {top.site.label} the most): cap "
+        "the intra-op pool for the process (OMP_NUM_THREADS / torch.set_num_threads), "
+        "or run the hot calls under torch.set_num_threads(1)"
+    )
+    if copy_site is not None:
+        fix += (
+            f"; the copy at {copy_site.site.label} can also go through a numpy view "
+            "instead of Tensor.copy_()"
+        )
+    return fix
 
 
 def oversubscription(
