@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from ..support import ROOT
+from recipes.launch import attach_args, attach_command
+
+from ..support import ROOT, run_profkit
 from .conftest import StartRecipe
 from .test_dispatched_samples import assert_sites_by_samples
 from .test_pystacks_live import SITES, assert_ratio, line_of, report_of
@@ -195,3 +199,45 @@ def test_a_log_is_read_in_batches_as_written(tmp_path: Path) -> None:
         assert lost == {"regions": 5}
     finally:
         core.close()
+
+
+def test_bcc_and_core_captures_probe_one_library_at_once(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
+    """Two targets of one torch captured at the same time, one on bcc and one on CO-RE: both
+    get their regions. bcc's bindings registered every uprobe with a stray USDT semaphore
+    offset, and the kernel then refused the other loader's probes at the same instructions
+    (EINVAL): the second capture had no region probes at all."""
+    args = ("shm_fanout.py", "--threads", "2", "--tensor-mb", "1", "--pause-ms", "2")
+    first, second = start_recipe(*args, warmup=1.0), start_recipe(*args, warmup=1.0)
+    flags = ("--collectors", "ebpf,proc", "--budget", "100", "--ebpf-loader")
+    on_bcc = subprocess.Popen(
+        attach_command(
+            first.pid, duration=60, out=tmp_path / "bcc", report=False, extra=(*flags, "bcc")
+        ),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Its region probes are on once their int3 bytes are in the target's code.
+        addresses = probe_addresses(first.pid)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and INT3 not in code_bytes(first.pid, addresses).values():
+            time.sleep(0.2)
+        assert INT3 in code_bytes(first.pid, addresses).values(), "bcc's probes never went on"
+        on_core = run_profkit(
+            *attach_args(second.pid, duration=1.5, out=tmp_path / "core", report=False),
+            *flags,
+            "core",
+        )
+        assert on_core.returncode == 0, on_core.stderr
+    finally:
+        on_bcc.send_signal(signal.SIGINT)
+        _, bcc_stderr = on_bcc.communicate(timeout=60)
+    assert on_bcc.returncode == 130, bcc_stderr
+    for loader in ("bcc", "core"):
+        ebpf = json.loads((tmp_path / loader / "ebpf.json").read_text())
+        assert ebpf["loader"]["name"] == loader, ebpf["loader"]
+        assert ebpf["region_entries"] > 0 and ebpf["regions"]["tid"], (loader, ebpf["attached"])

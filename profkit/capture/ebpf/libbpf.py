@@ -472,6 +472,13 @@ class CoreObject:
         if fd < 0:
             where = ",".join(f"{o:#x}" for o, _ in points)
             reason = f"{os.strerror(-fd)} (errno {-fd})"
+            if -fd == errno.EINVAL:
+                # The kernel's one refusal a user can act on: a probe another tracer holds
+                # at one of these instructions with a USDT semaphore offset.
+                reason += (
+                    "; 'ref_ctr_offset mismatch' in the kernel log means another tracer holds "
+                    "a probe here with a USDT semaphore offset"
+                )
             raise CoreUnavailable(f"uprobes on {path}+{{{where}}}: {reason}")
         link = MultiLink(fd)
         self._links.append(link)

@@ -7,6 +7,7 @@ every other system package, so only the `bcc` package directory is loaded, by pa
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
 import os
@@ -32,6 +33,12 @@ class BccUnavailable(ImportError):
 
 
 def load_bcc() -> ModuleType:
+    module = _import_bcc()
+    pass_no_ref_ctr_offset(module)
+    return module
+
+
+def _import_bcc() -> ModuleType:
     if os.environ.get("PROFKIT_DISABLE_BCC"):
         raise BccUnavailable("bcc disabled by PROFKIT_DISABLE_BCC")
     existing = sys.modules.get("bcc")
@@ -67,6 +74,30 @@ def load_bcc() -> ModuleType:
             "(PyPI's `bcc` is unrelated: pip uninstall bcc)"
         )
     return module
+
+
+def pass_no_ref_ctr_offset(module: ModuleType) -> None:
+    """Make bcc register its uprobes without a USDT semaphore, as libbpf does.
+
+    bcc's Python bindings (0.26 among them) declare libbcc's bpf_attach_uprobe with six
+    arguments while the C function takes seven, the last the semaphore's file offset
+    (ref_ctr_offset): every uprobe went in with whatever the seventh argument's slot held. The
+    kernel refuses a second probe at the same instruction with another offset (EINVAL,
+    "ref_ctr_offset mismatch"), so a bcc capture and a CO-RE capture, or profkit and another
+    tracer, could not probe one library at the same time; and a stray offset that lands in a
+    writable mapping of the library is a counter the kernel increments there."""
+    lib = getattr(getattr(module, "libbcc", None), "lib", None)
+    declared = getattr(getattr(lib, "bpf_attach_uprobe", None), "argtypes", None)
+    if lib is None or declared is None or len(declared) != 6:
+        return  # bindings that pass the offset themselves, or already mended
+    full = lib["bpf_attach_uprobe"]  # a function pointer of its own, typed in full below
+    full.restype = ctypes.c_int
+    full.argtypes = [*declared, ctypes.c_uint32]
+
+    def attach_uprobe(*args: Any) -> int:
+        return int(full(*args, 0))
+
+    lib.bpf_attach_uprobe = attach_uprobe
 
 
 def detach_uprobes(bpf: BpfProgram, names: set[bytes] | None = None) -> None:
