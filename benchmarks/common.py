@@ -141,17 +141,14 @@ def start_serving(
 
 
 def start_encoder(
-    threads: int, preexec: Preexec = None
+    threads: int, preexec: Preexec = None, library: str = "sentence-transformers"
 ) -> tuple[int, Progress, list[subprocess.Popen[str]]]:
     recipe = spawn(
         [
             sys.executable,
             "-u",
             str(ROOT / "recipes" / "encoder.py"),
-            "--threads",
-            str(threads),
-            "--report-every",
-            "0.05",
+            *("--threads", str(threads), "--library", library, "--report-every", "0.05"),
         ],
         preexec,
     )
@@ -169,6 +166,10 @@ TARGETS: dict[str, Start] = {
     "flood": lambda threads, preexec: start_fanout(threads, preexec, tensor_mb=0.0625),
     # sentence-transformers encoding small batches: tens of thousands of regions a second
     "encoder": start_encoder,
+    # the same model called through transformers alone, where sentence-transformers is missing
+    "encoder-transformers": lambda threads, preexec: start_encoder(
+        threads, preexec, library="transformers"
+    ),
 }
 
 
