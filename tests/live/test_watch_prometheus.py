@@ -28,9 +28,8 @@ pytestmark = pytest.mark.root
 
 QUOTA = 0.5
 SCRAPE_S = 2
-# The samples compared: the last 13 s of eight scrapes, 10-12 s from first to last, none from
-# before the readings of the truth began.
-RANGE_S = 13
+# The samples compared span at least this long, all taken after the readings of the truth began.
+SPAN_S = 10
 
 
 def copy_line() -> int:
@@ -51,14 +50,20 @@ def pool_cpu(pid: int) -> float:
     return sum(cpu for tid, cpu in thread_cpu(pid).items() if tid != pid)
 
 
-def wait_scrapes(base: str, job_selector: str, count: int, timeout: float = 90) -> None:
+def wait_span(base: str, selector: str, since: float, timeout: float = 90) -> float:
+    """Waits until the series has samples spanning SPAN_S, all taken after `since`; returns the
+    time to query them at. The range is whole seconds after `since`, so scrape jitter cannot
+    shorten the span below what the test compares."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        result = promql(base, f"count_over_time({job_selector}[5m])")
-        if result and min(float(r["value"][1]) for r in result) >= count:
-            return
+        at = time.time()
+        seconds = int(at - since)
+        if seconds > SPAN_S and promql(base, selector):
+            series = samples(base, selector, seconds, at)
+            if len(series) >= 4 and series[-1][0] - series[0][0] >= SPAN_S:
+                return at
         time.sleep(1)
-    raise AssertionError(f"fewer than {count} scrapes of {job_selector}")
+    raise AssertionError(f"{selector}: no {SPAN_S} s of samples after the readings began")
 
 
 def test_watch_scraped_by_prometheus(start_recipe: StartRecipe) -> None:
@@ -88,18 +93,21 @@ def test_watch_scraped_by_prometheus(start_recipe: StartRecipe) -> None:
         a.wait_serving()
         b.wait_serving()
         with prometheus([f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"], SCRAPE_S) as base:
-            sel = f'profkit_process_cpu_seconds_total{{target="{tag}"}}'
+            sel = f'profkit_pool_cpu_seconds_total{{target="{tag}"}}'
             with (
                 Readings(lambda: pool_cpu(over.pid)) as pool_truth,
                 Readings(lambda: cpu_stat(over_group.limited)) as cg_truth,
             ):
-                wait_scrapes(base, sel, 8)
-                at = time.time()
-            pool_series = samples(
-                base, f'profkit_pool_cpu_seconds_total{{target="{tag}"}}', RANGE_S, at
-            )
+                while not (pool_truth.values and cg_truth.values):
+                    time.sleep(0.05)
+                since = time.time()
+                at = wait_span(base, sel, since)
+                # Readings continue a moment past `at`, so the last sample lies inside them.
+                time.sleep(0.5)
+            range_s = int(at - since)
+            pool_series = samples(base, sel, range_s, at)
             (t0, v0), (t1, v1) = pool_series[0], pool_series[-1]
-            assert len(pool_series) >= 4 and t1 - t0 >= 10, pool_series
+            assert len(pool_series) >= 4 and t1 - t0 >= SPAN_S, pool_series
             truth = interpolate(pool_truth.series(float), t1) - interpolate(
                 pool_truth.series(float), t0
             )
@@ -108,10 +116,10 @@ def test_watch_scraped_by_prometheus(start_recipe: StartRecipe) -> None:
             assert abs(measured - truth) <= 0.05 * truth, (measured, truth)
 
             periods = samples(
-                base, f'profkit_cgroup_cpu_periods_total{{target="{tag}"}}', RANGE_S, at
+                base, f'profkit_cgroup_cpu_periods_total{{target="{tag}"}}', range_s, at
             )
             throttled = samples(
-                base, f'profkit_cgroup_cpu_throttled_periods_total{{target="{tag}"}}', RANGE_S, at
+                base, f'profkit_cgroup_cpu_throttled_periods_total{{target="{tag}"}}', range_s, at
             )
             (p0t, p0), (p1t, p1) = periods[0], periods[-1]
             (_, q0), (_, q1) = throttled[0], throttled[-1]
