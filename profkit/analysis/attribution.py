@@ -237,14 +237,19 @@ def attribute(
         )
         # Regions with their stacks place the pool's CPU exactly where the probes ran; where
         # the probes came off (too many regions for the budget), the workers' own samples,
-        # which carry their dispatcher's stack at any region rate, do.
-        if stacked is not None:
+        # which carry their dispatcher's stack at any region rate, do. Where the probes ran
+        # part of the window, the method with the narrower interval places the shares (a few
+        # regions of a short switched-on stretch split less surely than the whole window's
+        # samples), and the region counts stay.
+        if stacked is not None and probed_share(sched, window) >= 1.0:
             return stacked
         sampled = by_samples(
-            sched, workers, pool_cores, window, worker_kernels, None, native_samples
+            sched, workers, pool_cores, window, worker_kernels, stacked, native_samples
         )
-        if sampled is not None:
+        if sampled is not None and (stacked is None or sampled.uncertainty < stacked.uncertainty):
             return sampled
+        if stacked is not None:
+            return stacked
     if spans is None:
         return Attribution(
             "none", "no py-spy samples: the dispatching Python code is unknown", 1.0, 0.0, ()

@@ -128,14 +128,22 @@ def test_spin_while_the_dispatcher_sleeps_is_spread_as_the_work() -> None:
     assert blind is not None and SLEEP in {s.site for s in blind.sites}
 
 
-def test_samples_decide_only_where_no_region_carries_a_stack() -> None:
-    """Regions with their stacks (probes on, or switched on part of the window): the stack
-    method. Probes off, no region: the samples place the CPU."""
+def test_samples_decide_where_the_regions_do_not_cover_the_window_as_well() -> None:
+    """Probes on the whole window: the stack method, however few its regions. Switched on part
+    of it: the method with the narrower interval, the region counts kept either way. Probes
+    off, no region: the samples place the CPU."""
     regions = ([100, 200, 300], [0, 1, 1])
     whole = sched_with([0] * 30 + [1] * 30, regions=regions)
     assert attribute(None, whole, {1}, WORKERS, 1.0, WINDOW, []).method == "stack"
+    # Three regions bound no split; 60 samples do.
     switched = sched_with([0] * 30 + [1] * 30, regions=regions, region_on=((0, 1000),))
-    assert attribute(None, switched, {1}, WORKERS, 1.0, WINDOW, []).method == "stack"
+    few = attribute(None, switched, {1}, WORKERS, 1.0, WINDOW, [])
+    assert few.method == "sampled" and few.regions == 3 and few.regions_with_stack == 3, few
+    assert "region counts from the region probes" in few.reason, few.reason
+    # 200 regions in turn split more tightly than 20 samples.
+    many = sched_with([0] * 10 + [1] * 10, regions=ALTERNATING, region_on=((0, 1000),))
+    tight = attribute(None, many, {1}, WORKERS, 1.0, WINDOW, [])
+    assert tight.method == "stack" and tight.uncertainty < 0.01, tight
     off = sched_with([0] * 30 + [1] * 30)
     result = attribute(None, off, {1}, WORKERS, 1.0, WINDOW, [])
     assert result.method == "sampled" and result.regions == 0
