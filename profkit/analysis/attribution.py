@@ -2,16 +2,19 @@
 
 Sampled method (the eBPF sampler): each on-CPU sample of a pool worker carries the Python stack
 its dispatcher was in at that instant, read from the dispatcher's thread state; the pool's CPU
-splits over the sites as its samples do, with a binomial 95% interval. It needs no probe per
-region, so it holds at any region rate; it is used where no region carries a stack in the
-window: where the region probes came off. A worker spinning after a region is sampled wherever
-its dispatcher is by then; see by_samples.
+splits over the sites as its samples do, with a 95% interval (binomial, or from blocks of the
+window where the samples come in bursts). It needs no probe per region, so it holds at any
+region rate; it is used where no region carries a stack in the window (the region probes came
+off), and where the probes ran only part of the window and its interval is narrower than the
+stack method's. A worker spinning after a region is sampled wherever its dispatcher is by then;
+see by_samples.
 
 Stack method (the eBPF walker read the dispatching thread's Python stack at each region entry):
 every region names its own call site, the innermost Python frame of its stack, and the workers'
 on-CPU time from the region's start to the next region's start goes to that site. Regions
 without a stack (a thread the walker did not know yet, a failed read) are spread over the
-stacked ones in proportion, and their share is the uncertainty. No sampling is involved.
+stacked ones in proportion, and their share widens the interval. Where the probes ran the
+whole window, this method places the shares.
 
 Aligned method (eBPF regions and py-spy on one clock): a py-spy sample of the dispatching thread
 taken inside a region, whose native stack is in the OpenMP runtime, names that region's call
