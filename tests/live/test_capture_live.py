@@ -49,6 +49,11 @@ def fanout_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture
             "8",
             "--report-every",
             "0.02",
+            # Paced under 125 copies (regions) a second, so that the rate check keeps the
+            # region probes on, which the tests below read, whatever this machine's speed: the
+            # recipe alone ran 140-200 a second here, at the edge of their part of the budget.
+            "--pause-ms",
+            "8",
         ],
         None,
         None,
@@ -605,7 +610,9 @@ def test_a_flood_of_small_regions_switches_the_region_probes(
     assert 0 < pool["regions_probed"] < 1, pool
     assert pool["regions_with_stack"] == pool["regions"] > 0
     sites = [a for a in data["attribution"] if a["pool"] == "openmp"]
-    assert sites[0]["method"] == "stack" and "shm_fanout.py:" in sites[0]["site"], sites[0]
+    # One site: the on-times' regions or the workers' samples, whichever split more surely.
+    assert sites[0]["method"] in ("stack", "sampled"), sites[0]
+    assert "shm_fanout.py:" in sites[0]["site"], sites[0]
     assert sites[0]["function"] == "copy_with_torch" and sites[0]["share"] == 1.0
     text = run_profkit("report", str(switched))
     assert "OpenMP region probes switched on" in text.stdout
