@@ -20,7 +20,7 @@ from recipes.launch import attach_args, attach_command
 from ..support import ROOT, run_profkit
 from .conftest import StartRecipe
 from .test_dispatched_samples import assert_sites_by_samples
-from .test_pystacks_live import SITES, assert_ratio, line_of, placed_by, report_of
+from .test_pystacks_live import SITES, assert_ratio, line_of, report_of
 from .test_safety_live import INT3, code_bytes, probe_addresses
 
 pytestmark = pytest.mark.root
@@ -87,7 +87,8 @@ def test_three_sites_exact_on_core_without_headers_bcc_or_perf(
     assert any("GOMP_parallel entry" in a for a in ebpf["attached"]), ebpf["attached"]
     report = report_of(out)
     rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
-    placed_by(rows)
+    assert set(rows) == set(SITES), report["attribution"]
+    assert {r["method"] for r in rows.values()} == {"stack"}
     assert_ratio({site: rows[site]["regions"] for site in SITES}, 0.01)
     for site in SITES:
         line = line_of("# " + site.replace("_", " "))
