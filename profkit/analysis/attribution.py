@@ -5,9 +5,9 @@ its dispatcher was in at that instant, read from the dispatcher's thread state; 
 splits over the sites as its samples do, with a 95% interval (binomial, or from blocks of the
 window where the samples come in bursts). It needs no probe per region, so it holds at any
 region rate; it is used where no region carries a stack in the window (the region probes came
-off), and where the probes ran only part of the window and its interval is narrower than the
-stack method's. A worker spinning after a region is sampled wherever its dispatcher is by then;
-see by_samples.
+off), and where the probes ran only part of the window and its regions bound no split (the
+stack method's interval is 100%). A worker spinning after a region is sampled wherever its
+dispatcher is by then; see by_samples.
 
 Stack method (the eBPF walker read the dispatching thread's Python stack at each region entry):
 every region names its own call site, the innermost Python frame of its stack, and the workers'
@@ -241,15 +241,18 @@ def attribute(
         # Regions with their stacks place the pool's CPU exactly where the probes ran; where
         # the probes came off (too many regions for the budget), the workers' own samples,
         # which carry their dispatcher's stack at any region rate, do. Where the probes ran
-        # part of the window, the method with the narrower interval places the shares (a few
-        # regions of a short switched-on stretch split less surely than the whole window's
-        # samples), and the region counts stay.
-        if stacked is not None and probed_share(sched, window) >= 1.0:
+        # part of the window and its regions bound no split at all (a few regions of a short
+        # on-time), the samples place the shares if they bound it, and the region counts stay.
+        # Otherwise the regions do: they give a worker's spin after a region to that region's
+        # site, where a sample of the spin names whatever line its dispatcher has moved on to.
+        if stacked is not None and (
+            stacked.uncertainty < 1.0 or probed_share(sched, window) >= 1.0
+        ):
             return stacked
         sampled = by_samples(
             sched, workers, pool_cores, window, worker_kernels, stacked, native_samples
         )
-        if sampled is not None and (stacked is None or sampled.uncertainty < stacked.uncertainty):
+        if sampled is not None and (stacked is None or sampled.uncertainty < 1.0):
             return sampled
         if stacked is not None:
             return stacked
