@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..bundle.read import PerfSamples
-from .frames import KERNEL_DSO, OPENMP_DSOS, OPENMP_WAIT, aten_kernel, kernel_kind
+from .frames import BLAS_IDLE, KERNEL_DSO, OPENMP_DSOS, OPENMP_WAIT, aten_kernel, kernel_kind
 
 WORK, SPIN, KERNEL, OTHER = "work", "spin", "kernel", "other"
 
@@ -30,15 +30,17 @@ def classify_stack(perf: PerfSamples, stack_id: int) -> tuple[str, str]:
     if leaf_dso == KERNEL_DSO:
         kernel_names = [s for s, d in frames if d == KERNEL_DSO]
         user = [(s, d) for s, d in frames if d != KERNEL_DSO]
-        # A futex sleep entered from the OpenMP runtime is the barrier's wait, not kernel work.
-        if (
-            user
-            and (OPENMP_DSOS.search(user[-1][1]) or OPENMP_WAIT.search(user[-1][0]))
-            and kernel_kind(kernel_names) == "scheduler"
-        ):
-            return SPIN, "barrier wait (futex)"
+        # A futex sleep entered from the OpenMP runtime is the barrier's wait, not kernel work;
+        # OpenBLAS's idle loop yielding the CPU is its pool idling.
+        if user and kernel_kind(kernel_names) == "scheduler":
+            if OPENMP_DSOS.search(user[-1][1]) or OPENMP_WAIT.search(user[-1][0]):
+                return SPIN, "barrier wait (futex)"
+            if BLAS_IDLE.search(user[-1][0]):
+                return SPIN, "idle loop (yield)"
         return KERNEL, kernel_kind(kernel_names)
     if OPENMP_DSOS.search(leaf_dso) or OPENMP_WAIT.search(leaf_symbol):
+        return SPIN, leaf_symbol
+    if BLAS_IDLE.search(leaf_symbol):
         return SPIN, leaf_symbol
     for symbol, _dso in reversed(frames):
         kernel = aten_kernel(symbol)

@@ -39,8 +39,13 @@ def fanout(
     share = recon.pool_workers / recon.process_cores if recon.process_cores else 0.0
     if recon.pool_workers < FANOUT_MIN_CORES or share < FANOUT_MIN_SHARE:
         return None
+    # Spin makes a finding for OpenMP pools only, whose fix (the pool's size, its wait
+    # policy) the verdict knows how to give; OpenBLAS's idle loop shows in the activity line.
     spinning = bool(
-        activity and activity.samples and activity.shares.get("spin", 0.0) >= SPIN_MIN_SHARE
+        pool.kind == "openmp"
+        and activity
+        and activity.samples
+        and activity.shares.get("spin", 0.0) >= SPIN_MIN_SHARE
     )
     if pool.team_size <= budget_threads and not spinning:
         return None

@@ -11,6 +11,9 @@ OPENMP_WAIT = re.compile(
     r"__kmp_(wait|hyper_barrier|fork_barrier|join_barrier|suspend)|"
     r"GOMP_barrier)"
 )
+# Where OpenBLAS's server threads wait between calls: their own loop, yielding the CPU, not an
+# OpenMP barrier. A sample whose innermost user frame is this loop is the pool idling.
+BLAS_IDLE = re.compile(r"^blas_thread_server$")
 POOL_DSOS = {
     "openblas": re.compile(r"openblas[^/]*\.so"),
     "mkl": re.compile(r"libmkl_[^/]*\.so"),

@@ -35,13 +35,19 @@ def test_table_rows_are_ratios_to_the_bare_windows() -> None:
         "noop": [1.0],
     }
     lines = overhead.table({("fanout", 8): ratios})
-    assert lines[0].split() == ["target", "threads", "configuration", "ratio", "spread", "CPU/unit"]
+    assert lines[0].split() == [
+        *("target", "threads", "configuration", "ratio", "spread", "median's", "95%", "CPU/unit")
+    ]
     assert lines[1].split()[:6] == ["fanout", "8", "bare", "(noise", "floor)", "1.000"]
     assert "0.909-1.091" in lines[1] and "(11.0/s)" in lines[1]
     # The CPU ratios are a column of their configuration's row (windows without marks left out),
     # not a row of their own.
-    assert lines[2].split() == ["fanout", "8", "profkit-proc", "0.950", "0.900-1.000", "1.030"]
-    assert lines[3].split() == ["fanout", "8", "noop", "1.000", "1.000-1.000"]
+    # The median's bootstrap interval: of two windows, the median of a resample is either one
+    # or their mean.
+    assert lines[2].split() == [
+        *("fanout", "8", "profkit-proc", "0.950", "0.900-1.000", "0.900-1.000", "1.030")
+    ]
+    assert lines[3].split() == ["fanout", "8", "noop", "1.000", "1.000-1.000", "1.000-1.000"]
     assert len(lines) == 4
 
 
