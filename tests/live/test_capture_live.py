@@ -49,11 +49,12 @@ def fanout_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture
             "8",
             "--report-every",
             "0.02",
-            # Paced under 125 copies (regions) a second, so that the rate check keeps the
-            # region probes on, which the tests below read, whatever this machine's speed: the
-            # recipe alone ran 140-200 a second here, at the edge of their part of the budget.
-            "--pause-ms",
-            "8",
+            # 24-MB copies: the rate check must keep the region probes on, which the tests
+            # below read. At the default 12 MB the recipe started 140-200 regions a second
+            # here, at the edge of their part of the budget; paced with a sleep instead, the
+            # lighter load let py-spy's attach stop go unseen (the window test below).
+            "--tensor-mb",
+            "24",
         ],
         None,
         None,
