@@ -97,15 +97,15 @@ def captures(args: argparse.Namespace, group: QuotaGroup) -> int:
                         if (out / "ebpf.json").exists()
                         else {}
                     )
-                    in_model = sum(
-                        r["share"] for r in rows.values() if any(m in r["site"] for m in MODEL_CODE)
-                    )
-                    top = sorted(rows.values(), key=lambda r: -r["share"])[:4]
                     # Outside the model the truth is 0: the largest such share, and whether
                     # every such row's interval holds 0.
                     outside = [
                         r for r in rows.values() if not any(m in r["site"] for m in MODEL_CODE)
                     ]
+                    in_model = sum(r["share"] for r in rows.values()) - sum(
+                        r["share"] for r in outside
+                    )
+                    top = sorted(rows.values(), key=lambda r: -r["share"])[:4]
                     honest = all(r["share"] <= r["uncertainty"] for r in outside)
                     print(
                         f"capture {capture}: prompt {prompt_s:.1f} s "

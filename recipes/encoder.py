@@ -105,34 +105,27 @@ def sentence_transformers(
     import torch
     from sentence_transformers import SentenceTransformer
 
+    note = ""
     if packaged:
-        trained = SentenceTransformer(str(packaged_model()), device="cpu")
-        trained.max_seq_length = tokens * 2 + 2  # words split into word pieces
-        text = english(batch, tokens)
+        model = SentenceTransformer(str(packaged_model()), device="cpu")
+        model.max_seq_length = tokens * 2 + 2  # words split into word pieces
+        sentences = english(batch, tokens)
+        note = check_trained(lambda pair: model.encode(list(pair), convert_to_tensor=True))
+    else:
+        try:  # where the modules live from sentence-transformers 6
+            modules: Any = importlib.import_module(
+                "sentence_transformers.sentence_transformer.modules"
+            )
+        except ImportError:
+            modules = importlib.import_module("sentence_transformers.models")
+        Pooling, Transformer = modules.Pooling, modules.Transformer
 
-        def encode_trained() -> object:
-            with torch.inference_mode():
-                return trained.encode(
-                    text, batch_size=batch, convert_to_tensor=True, show_progress_bar=False
-                )
-
-        trained_note = check_trained(
-            lambda sentences: trained.encode(list(sentences), convert_to_tensor=True)
-        )
-        return encode_trained, trained_note
-
-    try:  # where the modules live from sentence-transformers 6
-        modules: Any = importlib.import_module("sentence_transformers.sentence_transformer.modules")
-    except ImportError:
-        modules = importlib.import_module("sentence_transformers.models")
-    Pooling, Transformer = modules.Pooling, modules.Transformer
-
-    vocab = save_model(directory)
-    word = Transformer(str(directory), max_seq_length=tokens + 2)
-    size = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
-    model = SentenceTransformer(modules=[word, Pooling(size(), "mean")], device="cpu")
-    rng = random.Random(1)
-    sentences = [" ".join(rng.choice(vocab) for _ in range(tokens)) for _ in range(batch)]
+        vocab = save_model(directory)
+        word = Transformer(str(directory), max_seq_length=tokens + 2)
+        size = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
+        model = SentenceTransformer(modules=[word, Pooling(size(), "mean")], device="cpu")
+        rng = random.Random(1)
+        sentences = [" ".join(rng.choice(vocab) for _ in range(tokens)) for _ in range(batch)]
 
     def encode() -> object:
         with torch.inference_mode():
@@ -140,7 +133,7 @@ def sentence_transformers(
                 sentences, batch_size=batch, convert_to_tensor=True, show_progress_bar=False
             )
 
-    return encode, ""
+    return encode, note
 
 
 def transformers(batch: int, tokens: int, packaged: bool) -> tuple[Callable[[], object], str]:
