@@ -73,6 +73,7 @@ from profkit.capture.collectors.child import ChildTool
 from profkit.capture.collectors.perfrecord import record_args
 from profkit.capture.collectors.procstat import ProcCollector
 from profkit.capture.ebpf.loader import BpfProgram, detach_uprobes, load_bcc
+from profkit.capture.ebpf.logs import entry_count
 from profkit.capture.ebpf.native import NATIVE_STACK_ENTRIES
 from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
 from profkit.capture.ebpf.programs import PYTHON_SAMPLE_HZ
@@ -196,8 +197,7 @@ class Probes:
             detach(name=self.path, addr=address, pid=self.pid)
 
     def regions(self) -> int:
-        counts = self.programs["regions"]["entry_count"]
-        return int(counts[counts.Key(0)].value)
+        return entry_count(self.programs["regions"])
 
     def _stop_sampling(self) -> None:
         if self._sampling is not None:
@@ -487,7 +487,7 @@ def main() -> int:
                 edges.detach_all()
 
         try:
-            # entry_count moves only while an entry probe is on: none is before the first layout
+            # the entry counts move only while an entry probe is on: none is before the first layout
             started_with = probes.regions()
             blocks = alternate(
                 layouts,
@@ -504,7 +504,7 @@ def main() -> int:
         time.sleep(0.2)
     rates = [progress.rate_between(b.start_ns, b.end_ns) for b in blocks]
     work = [rate * (b.end_ns - b.start_ns) / 1e9 for rate, b in zip(rates, blocks, strict=True)]
-    # entry_count grows only where the region program's entry probe is on
+    # the entry counts grow only where the region program's entry probe is on
     probed_s = sum(
         (b.end_ns - b.start_ns + SETTLE_S * 1e9) / 1e9
         for b in blocks

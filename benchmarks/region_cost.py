@@ -2,7 +2,7 @@
 the bcc parts).
 
     sudo .venv/bin/python -m benchmarks.region_cost [--rounds 3] [--seconds 2] [--depth 10]
-        [--loader both|core|bcc]
+        [--loader both|core|bcc] [--program-time]
 
 This process copies a 256-KB tensor in a loop with a pool of 2 (one OpenMP region per copy;
 OMP_WAIT_POLICY=passive, so that no thread spins at the barrier) and measures its own thread's
@@ -25,6 +25,12 @@ Windows alternate, every part once per round, with two bare windows per round (b
 A/A control); `--loader core` runs the CO-RE parts alone, where bcc is missing. Prints the
 median CPU per copy of each part over the rounds and what each part adds per region against the
 bare median.
+
+`--program-time` turns on the kernel's BPF run-time statistics (kernel.bpf_stats_enabled, put
+back as it was at exit) and prints, for the CO-RE parts, the time spent inside each program per
+run: the part of a region's cost that is profkit's code rather than the traps around it. The
+statistics add two clock reads to every run, so the per-copy figures of such a run are not the
+ones to hold against a bound.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ int on_entry_0(struct pt_regs *ctx) { return 0; }
 int on_region_return(struct pt_regs *ctx) { return 0; }
 """
 SAMPLE_HZ = 49
+STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+CORE_PROGRAMS = ("on_region_entry", "on_region_return", "on_cpu_sample")
 
 
 def cpu_per_copy(
@@ -78,6 +86,7 @@ class Part:
         self.attach = attach
         self.per_copy: list[float] = []
         self.regions_per_copy: list[float] = []
+        self.program_ns: dict[str, list[float]] = {}
 
 
 def main() -> int:
@@ -86,7 +95,21 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--depth", type=int, default=10, help="Python frames under the loop")
     parser.add_argument("--loader", choices=["both", "core", "bcc"], default="both")
+    parser.add_argument(
+        "--program-time", action="store_true", help="time inside each CO-RE program per run"
+    )
     args = parser.parse_args()
+    if args.program_time:
+        stats_were = STATS.read_text().strip()
+        STATS.write_text("1")
+        try:
+            return run(args)
+        finally:
+            STATS.write_text(stats_were)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     bcc = load_bcc() if args.loader != "core" else None
     torch.set_num_threads(2)
     libs = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
@@ -177,6 +200,11 @@ def main() -> int:
                 if bpf is not None and part.name == "regions":
                     counted = int(bpf["region_count"][0].value)
                     part.regions_per_copy.append(counted / copies)
+                if isinstance(bpf, CoreObject) and args.program_time:
+                    for program in CORE_PROGRAMS:
+                        runs, ns = bpf.run_stats(program)
+                        if runs:
+                            part.program_ns.setdefault(program, []).append(ns / runs)
             finally:
                 if isinstance(bpf, CoreObject):
                     bpf.close()
@@ -195,6 +223,13 @@ def main() -> int:
     counts = [n for part in parts if part.name == "regions" for n in part.regions_per_copy]
     if counts:
         print(f"# regions per copy counted by the region program: {statistics.median(counts):.3f}")
+    timed = [part for part in parts if part.program_ns]
+    if timed:
+        print("# inside each program, ns per run (medians over the rounds; windows)")
+        for part in timed:
+            for program, values in part.program_ns.items():
+                each = " ".join(f"{v:.0f}" for v in values)
+                print(f"{part.name:<18} {program:<18} {statistics.median(values):8.0f}   {each}")
     return 0
 
 

@@ -154,7 +154,6 @@ TYPES = {
     "duration_us_log2": MapType(U32, U64),
     "region_log": MapType(U32, Region),
     "region_count": MapType(U32, U64),
-    "entry_count": MapType(U32, U64),
     "runtime_entries": MapType(U32, U64),
     "times": MapType(U32, ThreadTime),
     "wakeups": MapType(WakeKey, U64),

@@ -356,6 +356,21 @@ class CoreObject:
             int(self._lib.bpf_map__type(handle)) in ARRAY_TYPES,
         )
 
+    def run_stats(self, program: str) -> tuple[int, int]:
+        """(runs, nanoseconds inside the program) as the kernel counts them while
+        kernel.bpf_stats_enabled is 1; (0, 0) where it does not say."""
+        fd = self._lib.bpf_program__fd(self._program(program))
+        fields: dict[str, int] = {}
+        try:
+            with open(f"/proc/self/fdinfo/{fd}") as info:
+                for line in info:
+                    key, _, value = line.partition(":")
+                    if key in ("run_cnt", "run_time_ns"):
+                        fields[key] = int(value)
+        except (OSError, ValueError):
+            return 0, 0
+        return fields.get("run_cnt", 0), fields.get("run_time_ns", 0)
+
     def attach(self, program: str) -> None:
         """Attach where the program's section says (a BTF tracepoint: no tracefs needed)."""
         link = self._lib.bpf_program__attach(self._program(program))

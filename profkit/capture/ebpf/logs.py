@@ -23,7 +23,8 @@ def sampled_count(python: dict[str, object]) -> int:
 
 
 def entry_count(bpf: BpfProgram) -> int:
-    return int(bpf["entry_count"][ctypes.c_int(0)].value)
+    """Regions entered while an entry probe was on, over every runtime copy."""
+    return sum(int(v.value) for _, v in bpf["runtime_entries"].items())
 
 
 def read_log(
@@ -116,7 +117,8 @@ def unseen_ends(bpf: BpfProgram) -> tuple[int, int, int]:
     of both counters, so that the log can be read up to it while the target goes on."""
     entries = entry_count(bpf)
     ended = int(bpf["region_count"][ctypes.c_int(0)].value)
-    still_open = len(bpf["open_regions"])
+    # A thread's entry stays in the map between its regions, marked closed (start_ns 0).
+    still_open = sum(1 for _, v in bpf["open_regions"].items() if v.start_ns)
     return entries, ended, entries - ended - still_open
 
 

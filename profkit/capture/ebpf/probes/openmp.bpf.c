@@ -27,20 +27,17 @@ struct region {
     u32 pad;
 };
 
-// Deleted at each region's end, so that the threads of a long capture do not fill it.
-BPF_HASH(open_regions, u32, struct region_start, 16384);
+// A thread's entry is written in place at each region's start and marked closed (start_ns 0)
+// at its end, never deleted (an update and a delete a region took the hash's lock and free list
+// twice); least recently used entries go first when it fills, so that the exited threads of a
+// long capture make room.
+BPF_TABLE("lru_hash", u32, struct region_start, open_regions, 16384);
 BPF_HISTOGRAM(duration_us_log2, int, 64);
 BPF_ARRAY(region_log, struct region, REGION_CAPACITY);
 BPF_ARRAY(region_count, u64, 1);
-BPF_ARRAY(entry_count, u64, 1);  // against region_count: regions whose end was never seen
-BPF_ARRAY(runtime_entries, u64, 64);  // per runtime copy, for the cost of each copy's traps
-
-static inline void count_entry(void) {
-    u32 zero = 0;
-    u64 *entries = entry_count.lookup(&zero);
-    if (entries)
-        __sync_fetch_and_add(entries, 1);
-}
+// Per runtime copy, for the cost of each copy's traps; their sum, against region_count, the
+// regions whose end was never seen.
+BPF_ARRAY(runtime_entries, u64, 64);
 
 // The dispatching thread's Python stack, counted as one more region of it in this runtime copy.
 static inline u64 region_stack(u32 runtime) {
@@ -67,8 +64,11 @@ static inline u64 region_stack(u32 runtime) {
 static inline int region_entry(u32 runtime, u32 requested) {
     u32 tid = bpf_get_current_pid_tgid();
     struct region_start start = {bpf_ktime_get_ns(), region_stack(runtime), requested, runtime};
-    open_regions.update(&tid, &start);
-    count_entry();
+    struct region_start *open = open_regions.lookup(&tid);
+    if (open)
+        *open = start;
+    else
+        open_regions.update(&tid, &start);
     u64 *mine = runtime_entries.lookup(&runtime);
     if (mine)
         __sync_fetch_and_add(mine, 1);
@@ -78,11 +78,11 @@ static inline int region_entry(u32 runtime, u32 requested) {
 int on_region_return(struct pt_regs *ctx) {
     u32 tid = bpf_get_current_pid_tgid();
     struct region_start *start = open_regions.lookup(&tid);
-    if (!start)
+    if (!start || !start->start_ns)
         return 0;  // entered before the probe was attached
     u64 now = bpf_ktime_get_ns();
     struct region r = {start->start_ns, now, start->stack, tid, start->requested, start->runtime};
-    open_regions.delete(&tid);
+    start->start_ns = 0;
 #ifdef PYSTACK
     if (r.stack) {
         struct pystack_key key = {r.stack, r.runtime, 0};

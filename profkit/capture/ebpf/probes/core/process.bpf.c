@@ -346,9 +346,12 @@ struct region {
     u32 pad;
 };
 
-// Deleted at each region's end, so that the threads of a long capture do not fill it.
+// A thread's entry is written in place at each region's start and marked closed (start_ns 0)
+// at its end, never deleted: an update and a delete a region took the hash's lock and free
+// list twice. Least recently used entries go first when it fills, so that the exited threads
+// of a long capture make room.
 struct {
-    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
     __uint(max_entries, 16384);
     __type(key, u32);
     __type(value, struct region_start);
@@ -375,15 +378,8 @@ struct {
     __type(value, u64);
 } region_count SEC(".maps");
 
-// Against region_count: regions whose end was never seen.
-struct {
-    __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, 1);
-    __type(key, u32);
-    __type(value, u64);
-} entry_count SEC(".maps");
-
-// Per runtime copy, for the cost of each copy's traps.
+// Per runtime copy, for the cost of each copy's traps; their sum, against region_count, the
+// regions whose end was never seen.
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, 64);
@@ -441,9 +437,11 @@ int on_region_entry(struct pt_regs *ctx) {
         }
     }
     struct region_start start = {bpf_ktime_get_ns(), stack, requested, runtime};
-    bpf_map_update_elem(&open_regions, &tid, &start, BPF_ANY);
-    u32 zero = 0;
-    count_in(&entry_count, zero);
+    struct region_start *open = bpf_map_lookup_elem(&open_regions, &tid);
+    if (open)
+        *open = start;
+    else
+        bpf_map_update_elem(&open_regions, &tid, &start, BPF_ANY);
     count_in(&runtime_entries, runtime);
     return 0;
 }
@@ -452,11 +450,11 @@ SEC("uprobe")
 int on_region_return(struct pt_regs *ctx) {
     u32 tid = bpf_get_current_pid_tgid();
     struct region_start *start = bpf_map_lookup_elem(&open_regions, &tid);
-    if (!start)
+    if (!start || !start->start_ns)
         return 0;  // entered before the probe was attached
     u64 now = bpf_ktime_get_ns();
     struct region r = {start->start_ns, now, start->stack, tid, start->requested, start->runtime};
-    bpf_map_delete_elem(&open_regions, &tid);
+    start->start_ns = 0;
     if (r.stack) {
         struct pystack_key key = {r.stack, r.runtime, 0};
         struct pystack_stats *stats = bpf_map_lookup_elem(&pystack_stats, &key);
