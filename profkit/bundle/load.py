@@ -367,6 +367,13 @@ class Fields:
         value = self.data.get(key)
         return None if value is None else need_text(value, self.label(key))
 
+    def maybe_choice(self, key: str, choices: tuple[str, ...]) -> str | None:
+        """A text that must be one of `choices`, or None."""
+        value = self.maybe_text(key)
+        if value is not None and value not in choices:
+            raise BadBundle(f"{self.label(key)} is {value!r}, not one of {', '.join(choices)}")
+        return value
+
     def flag(self, key: str, default: bool = False) -> bool:
         value = self._get(key, default)
         if not isinstance(value, bool):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast, get_args
 
 from .load import MIN_CORES, Fields
+from .parts import CaptureStatus, CollectorStatus
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class QuotaFacts:
 class CollectorOutcome:
     """How one collector did."""
 
-    status: str | None
+    status: CollectorStatus | None
     reason: str | None
 
 
@@ -82,7 +84,7 @@ class Window:
 class Manifest:
     """What a reader takes from manifest.json."""
 
-    status: str | None
+    status: CaptureStatus | None
     status_reason: str | None
     target: TargetFacts
     quota: QuotaFacts | None  # None where none was read, or the table is empty
@@ -95,7 +97,9 @@ class Manifest:
         window = manifest.maybe_table("window")
         collectors = manifest.table("collectors", optional=True)
         return Manifest(
-            status=manifest.maybe_text("status"),
+            status=cast(
+                "CaptureStatus | None", manifest.maybe_choice("status", get_args(CaptureStatus))
+            ),
             status_reason=manifest.maybe_text("status_reason"),
             target=TargetFacts.read(manifest.table("target", optional=True)),
             quota=QuotaFacts(
@@ -114,4 +118,5 @@ class Manifest:
 
 def _outcome(collector: Fields) -> CollectorOutcome:
     collector.table("notes", optional=True)  # checked here; the readers of each part take it
-    return CollectorOutcome(collector.maybe_text("status"), collector.maybe_text("reason"))
+    status = collector.maybe_choice("status", get_args(CollectorStatus))
+    return CollectorOutcome(cast("CollectorStatus | None", status), collector.maybe_text("reason"))

@@ -142,6 +142,11 @@ class EbpfData:
     # Python threads' time off CPU by the stack they left with: (tid, stack index, seconds).
     python_offcpu: tuple[tuple[int, int, float], ...] = ()
     dispatched: DispatchedSamples | None = None
+    # Which loader ran the programs ("core", "bcc"; empty in bundles that do not say), its
+    # version and why it was the one.
+    loader: str = ""
+    loader_version: str = ""
+    loader_reason: str = ""
 
     def for_pool(self, pool: str) -> EbpfData:
         """The same data with only the regions of this pool's runtimes."""
@@ -208,6 +213,11 @@ class Bundle:
             out["ebpf scheduler tracepoints"] = reason or "not traced"
         if self.sched is not None and self.sched.regions_skipped:
             out["ebpf OpenMP region probes"] = self.sched.regions_skipped
+        # auto chose bcc only where the prebuilt program could not load or failed.
+        if self.sched is not None and self.sched.loader == "bcc":
+            reason = self.sched.loader_reason
+            if reason.startswith("auto: "):
+                out["ebpf prebuilt CO-RE program"] = f"{reason[6:]}; bcc ran instead"
         return out
 
 
@@ -451,8 +461,12 @@ def _sched(files: BundleFiles, manifest: Fields) -> EbpfData | None:
     lost = data.table("lost", optional=True)
     decision = data.maybe_table("regions_decision") or Fields({}, data.where, "regions_decision.")
     sched = data.maybe_table("sched") or Fields({}, data.where, "sched.")
+    loader = data.maybe_table("loader") or Fields({}, data.where, "loader.")
     primary = manifest.table("target", optional=True).maybe_text("openmp_runtime")
     return EbpfData(
+        loader=loader.text("name", ""),
+        loader_version=loader.text("version", ""),
+        loader_reason=loader.text("reason", ""),
         threads={
             tid: _thread_times(data, tid, times) for tid, times in data.by_tid("threads").items()
         },

@@ -53,6 +53,10 @@ def render_text(report: Report) -> str:
         ("  unexplained", f"{recon.unexplained_cores:+.2f} ({recon.closure_pct:.1f}%)"),
     ]
     lines.append(table(("", "cores"), cpu_rows))
+    sched = report.bundle.sched
+    if sched is not None and sched.loader:
+        name = "CO-RE" if sched.loader == "core" else sched.loader
+        lines += _wrap(f"eBPF through {name} ({sched.loader_version}): {sched.loader_reason}")
     for pool in report.pools:
         lines += [
             "",

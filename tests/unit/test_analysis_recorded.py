@@ -130,6 +130,53 @@ def test_missing_collector_is_not_a_zero(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("loader", "line", "not_captured"),
+    [
+        (
+            {"name": "core", "version": "libbpf 1.1", "reason": "auto: the kernel has BTF"},
+            "eBPF through CO-RE (libbpf 1.1): auto: the kernel has BTF",
+            None,
+        ),
+        (
+            {"name": "bcc", "version": "bcc 0.26.0", "reason": "auto: no BTF (x)"},
+            "eBPF through bcc (bcc 0.26.0): auto: no BTF (x)",
+            "no BTF (x); bcc ran instead",
+        ),
+        (
+            {"name": "bcc", "version": "bcc 0.26.0", "reason": "asked for (--ebpf-loader bcc)"},
+            "eBPF through bcc (bcc 0.26.0): asked for (--ebpf-loader bcc)",
+            None,
+        ),
+    ],
+)
+def test_the_report_names_the_loader_and_why(
+    tmp_path: Path, loader: dict[str, str], line: str, not_captured: str | None
+) -> None:
+    bundle = tmp_path / "b"
+    shutil.copytree(DATA / "fanout_quota", bundle)
+    ebpf = json.loads((bundle / "ebpf.json").read_text())
+    ebpf["loader"] = loader
+    (bundle / "ebpf.json").write_text(json.dumps(ebpf))
+    analysed = analyse_bundle(bundle)
+    assert line in " ".join(render_text(analysed).split())
+    assert report_dict(analysed)["not_captured"].get("ebpf prebuilt CO-RE program") == (
+        not_captured
+    )
+
+
+def test_a_status_the_format_does_not_know_is_a_bad_bundle(tmp_path: Path) -> None:
+    bundle = tmp_path / "b"
+    shutil.copytree(DATA / "fanout_quota", bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["collectors"]["ebpf"]["status"] = "fine"
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    result = run_profkit("report", str(bundle))
+    assert result.returncode == 8, result.stderr
+    assert "collectors.ebpf.status is 'fine', not one of ok" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
     ("damage", "message"),
     [
         (lambda b: (b / "manifest.json").unlink(), "has no manifest.json"),

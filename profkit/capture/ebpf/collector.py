@@ -31,7 +31,7 @@ from . import libbpf
 from .core_program import SCHED_PROGRAMS, load_process
 from .duty import RECOUNT_S, DutyCycle
 from .libbpf import CoreObject
-from .loader import BccUnavailable, BpfProgram, detach_uprobes, load_bcc
+from .loader import BccUnavailable, BpfProgram, bcc_version, detach_uprobes, load_bcc
 from .logs import (
     SampleTables,
     read_regions,
@@ -99,6 +99,7 @@ class EbpfCollector:
         self._sampling = False
         self._dispatch_wakeups = False
         self.loader = "bcc"
+        self.loader_reason = ""  # why this loader ran, for the manifest and the report
         self._core: CoreObject | None = None  # the CO-RE program, where it runs instead of bcc
         self._uprobe_links = "single"
         self._native = False
@@ -122,10 +123,13 @@ class EbpfCollector:
         """The asked loader or, for auto, the prebuilt CO-RE object wherever the kernel has BTF
         and libbpf loads (nothing compiled: a shorter start), else bcc."""
         if asked != "auto":
+            self.loader_reason = f"asked for (--ebpf-loader {asked})"
             return asked
         why = libbpf.readiness()
         if not why:
+            self.loader_reason = "auto: the kernel has BTF and libbpf loads the prebuilt program"
             return "core"
+        self.loader_reason = f"auto: the prebuilt CO-RE program cannot load ({why})"
         self.warnings.append(f"eBPF through bcc: the prebuilt CO-RE program cannot load ({why})")
         return "bcc"
 
@@ -265,10 +269,25 @@ class EbpfCollector:
         finally:
             self._judged.set()
 
+    def loader_record(self) -> dict[str, object]:
+        """Which loader ran, its version and why it was chosen."""
+        if self.loader == "core":
+            return {
+                "name": "core",
+                "version": f"libbpf {libbpf.version()}",
+                "libbpf": libbpf.version(),
+                "reason": self.loader_reason,
+                # How the region probes were linked: every point of a program in a file by one
+                # link ("multi"), or a link a point.
+                "uprobe_links": self._uprobe_links,
+            }
+        return {"name": "bcc", "version": f"bcc {bcc_version()}", "reason": self.loader_reason}
+
     def _reset_for_bcc(self, why: str) -> None:
         # bcc's uprobes cannot share an instruction with libbpf's (docs/install.md): gone first.
         self.cleanup(wait=True)
         self.loader = "bcc"
+        self.loader_reason = f"auto: {why.removeprefix('eBPF through bcc: ')}"
         self.warnings = [why]
         self.attached = []
         self.sched_decision = None
@@ -650,17 +669,7 @@ class EbpfCollector:
                 ),
                 # Every runtime copy whose region probes went on; regions.runtime indexes it.
                 "runtimes": self.probed_runtimes,
-                "loader": (
-                    {
-                        "name": "core",
-                        "libbpf": libbpf.version(),
-                        # How the region probes were linked: every point of a program in a
-                        # file by one link ("multi"), or a link a point.
-                        "uprobe_links": self._uprobe_links,
-                    }
-                    if self.loader == "core"
-                    else {"name": "bcc"}
-                ),
+                "loader": self.loader_record(),
             }
         )
         write_new(self._context.directory / EBPF, json.dumps(payload))
@@ -681,6 +690,7 @@ class EbpfCollector:
                 "regions_with_python_stack": sum(1 for i in self.regions["stack"] if i >= 0),
                 "python_walker": python.get("walker"),
                 "lost": dict(self.lost),
+                "loader": self.loader_record(),
             },
         )
 

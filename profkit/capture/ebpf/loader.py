@@ -38,6 +38,14 @@ def load_bcc() -> ModuleType:
     return module
 
 
+def bcc_version() -> str:
+    """The bcc bindings' version, "unknown" where they do not say or do not load."""
+    try:
+        return str(getattr(_import_bcc(), "__version__", "unknown"))
+    except BccUnavailable:
+        return "unknown"
+
+
 def _import_bcc() -> ModuleType:
     if os.environ.get("PROFKIT_DISABLE_BCC"):
         raise BccUnavailable("bcc disabled by PROFKIT_DISABLE_BCC")
