@@ -183,7 +183,7 @@ def _clip(
     return starts[keep], ends[keep], opened[keep]
 
 
-def probed_share(sched: EbpfData, window: tuple[int, int]) -> float:
+def probed_fraction(sched: EbpfData, window: tuple[int, int]) -> float:
     """The part of the window the region probes were on: 1 unless they were switched."""
     if not sched.region_on or window[1] <= window[0]:
         return 1.0
@@ -246,7 +246,7 @@ def attribute(
         # Otherwise the regions do: they give a worker's spin after a region to that region's
         # site, where a sample of the spin names whatever line its dispatcher has moved on to.
         if stacked is not None and (
-            stacked.uncertainty < 1.0 or probed_share(sched, window) >= 1.0
+            stacked.uncertainty < 1.0 or probed_fraction(sched, window) >= 1.0
         ):
             return stacked
         sampled = by_samples(
@@ -493,7 +493,7 @@ def by_stack(
     interval = _region_interval(
         starts[known], worker_ns[known], [site_of[int(i)] for i in stacks[known]]
     )
-    probed = probed_share(sched, window)
+    probed = probed_fraction(sched, window)
     reason = (
         f"{int(known.sum())} of {len(stacks)} regions carry their Python stack (eBPF walker)"
         + ("" if known.all() else "; the rest is spread in proportion")
@@ -736,10 +736,8 @@ def by_samples(
         + ("" if n == taken else "; the rest is spread in proportion")
     )
     if regions_seen is not None:
-        reason += (
-            f"; region counts from the region probes, on {100 * probed_share(sched, window):.0f}%"
-            " of the window"
-        )
+        probed = 100 * probed_fraction(sched, window)
+        reason += f"; region counts from the region probes, on {probed:.0f}% of the window"
     elif sched.regions_skipped:
         reason += f"; no region counts ({sched.regions_skipped})"
     return Attribution(

@@ -10,7 +10,7 @@ import numpy as np
 from ..bundle.read import Bundle, load_bundle
 from ..errors import BadBundle
 from .activity import Activity, pool_activity
-from .attribution import Attribution, attribute, probed_share
+from .attribution import Attribution, attribute, probed_fraction
 from .cpu import CpuWindow, cpu_window
 from .findings import Finding, blind_spot, fanout, oversubscription, sort_findings, spin
 from .reconcile import Reconciliation, reconcile
@@ -88,7 +88,7 @@ def analyse(bundle: Bundle) -> Report:
         )
         regions, region_ms, probed = 0, None, 1.0
         if pool_sched is not None:
-            probed = probed_share(pool_sched, window)
+            probed = probed_fraction(pool_sched, window)
             starts, ends = pool_sched.region_start, pool_sched.region_end
             inside = (starts >= window[0]) & (starts <= window[1])
             regions = int(inside.sum())

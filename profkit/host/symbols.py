@@ -49,9 +49,9 @@ class FileSymbols:
     starts: np.ndarray
     ends: np.ndarray
     names: np.ndarray  # offsets into the string table
-    # The string table is not read whole (libtorch's is some 70 MiB): a name is read from the
-    # open file when asked for, never through a mapping of a file the target's user may
-    # truncate under it.
+    # The string table is not read whole (a large library's runs to many megabytes,
+    # docs/results/core-loader.md#command-to-prompt): a name is read from the open file when
+    # asked for, never through a mapping of a file the target's user may truncate under it.
     file: BinaryIO | None
     strings_at: int
     strings_size: int

@@ -315,7 +315,7 @@ class WatchedProcess:
                 self._last_sites = (site_ns, site_stacks)
             else:
                 site_ns, site_stacks = self._last_sites
-        probed = probed_share(self._ready_s, self._last_s, now)
+        probed = probed_fraction(self._ready_s, self._last_s, now)
         site_cpu = split_pool_cpu(pool_cpu, site_ns, probed)
         with_stack = _regions_with_frames(stacks)
         walks = self.probe.walk_counts() if ready else {}
@@ -367,7 +367,7 @@ def site_key(frames: tuple[Frame, ...]) -> SiteKey:
     return SiteKey(Frame(inner.file, inner.function, inner.line), op or "")
 
 
-def probed_share(ready_s: float, window_start_s: float, now_s: float) -> float:
+def probed_fraction(ready_s: float, window_start_s: float, now_s: float) -> float:
     """The part of a window the probe counted regions in: the probe may become ready (a bcc
     compile takes seconds) partway through the window."""
     if ready_s <= window_start_s or now_s <= window_start_s:

@@ -82,11 +82,11 @@ def test_a_window_the_probe_became_ready_in_gives_sites_only_its_rest() -> None:
     a tenth of the window's pool CPU; the rest is the unknown site's, not the few regions' seen
     at the end (before, a bcc compile ending late in a window could hand one site the whole
     window)."""
-    from profkit.watch.process import UNKNOWN_SITE, probed_share, split_pool_cpu
+    from profkit.watch.process import UNKNOWN_SITE, probed_fraction, split_pool_cpu
 
-    late = probed_share(ready_s=10.9, window_start_s=10.0, now_s=11.0)
+    late = probed_fraction(ready_s=10.9, window_start_s=10.0, now_s=11.0)
     assert late == pytest.approx(0.1)
-    assert probed_share(ready_s=5.0, window_start_s=10.0, now_s=11.0) == 1.0
+    assert probed_fraction(ready_s=5.0, window_start_s=10.0, now_s=11.0) == 1.0
     two = SiteKey(Frame("app.py", "site_two", 2), "aten::copy_")
     split = split_pool_cpu(1.0, {two: 2e6}, late)
     assert split[two] == pytest.approx(0.1)

@@ -53,7 +53,7 @@ def record_args(options: CaptureOptions, scope: list[str], out: Path) -> list[st
         "--no-buildid",
         "--no-buildid-cache",
         # No side-band thread for BPF program events (profkit's own probes among them): at
-        # exit perf joined it only once its 1-s poll timed out, 0-1 s of every teardown.
+        # exit perf joined it only once its poll timed out, which held up every teardown.
         "--no-bpf-event",
         *scope,
         "--max-size",

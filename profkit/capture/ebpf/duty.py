@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 PERIOD_S = 30.0
 # Below this the on-times are too short and too few to place the pool: the probes are detached.
 # At 0.02 a 5-s window is probed for its last 0.1 s, still about a thousand regions of a flood
-# of small ones, which at 17 us a region needs a duty of a few percent
+# of small ones; at what a region costs, that keeps the duty to a few percent
 # (docs/results/ebpf-cost.md#switched-on-and-off-a-flood-of-small-regions).
 MIN_DUTY = 0.02
 END_GRACE_S = 0.05
