@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Build the CO-RE objects that ship in the wheel from their sources (profkit/capture/ebpf/probes/
-# core/*.bpf.c), as Go's bpf2go does: clang -target bpf with BTF, then bpftool's linker, which
-# keeps the BTF and CO-RE relocations and drops the DWARF. The objects are committed; with
+# Build the CO-RE objects that ship in the wheel from their sources (probes/core/*.bpf.c, which
+# the package reaches as profkit/capture/ebpf/probes), as Go's bpf2go does: clang -target bpf
+# with BTF, then bpftool's linker, which keeps the BTF and CO-RE relocations and drops the DWARF. The objects are committed; with
 # --check the sources are built again and compared with them, so that the two never drift.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CORE=profkit/capture/ebpf/probes/core
+CORE=probes/core
 CLANG=${CLANG:-$(command -v clang-14 || command -v clang)}
 ARCH_INCLUDE=/usr/include/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 check=0

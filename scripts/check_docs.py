@@ -7,8 +7,8 @@ Fails (exit 1, one line per problem) when, in README.md or any Markdown file und
   `[id]: path`) points at a file or directory that does not exist, or at a heading anchor that
   the target Markdown file does not have (anchors as GitHub makes them from headings);
 - a path to a file of this repository (`profkit/...`, and `benchmarks/`, `deploy/`, `docs/`,
-  `recipes/`, `scripts/`, `tests/` inside code) does not exist; globs and `{a,b}` lists are
-  expanded, a trailing `:LINE` is ignored;
+  `probes/`, `recipes/`, `scripts/`, `tests/` inside code) does not exist; globs and `{a,b}`
+  lists are expanded, a trailing `:LINE` is ignored;
 - a module named in code (`profkit.autothreads.apply()`) does not resolve to a module of the
   package, or the name after it is not defined at the top of that module;
 - a comment or docstring of the code (Python and C under profkit/, recipes/ and benchmarks/)
@@ -33,7 +33,7 @@ from pathlib import Path
 # Paths of the package are checked wherever they appear; paths under the other top-level
 # folders only inside code, where commands name them.
 PACKAGE = "profkit"
-CODE_PATH_ROOTS = ("benchmarks", "deploy", "docs", "recipes", "scripts", "tests")
+CODE_PATH_ROOTS = ("benchmarks", "deploy", "docs", "probes", "recipes", "scripts", "tests")
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 ATX = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t]*#*[ \t]*$")
@@ -51,7 +51,7 @@ MODULE_REF = re.compile(rf"^{PACKAGE}(?:\.[A-Za-z_]\w*)+(?:\(\))?$")
 # The code whose comments and docstrings are checked, and what they may point at: a path under
 # docs/, with an optional #anchor (the path ends on a word character or a slash, so that the
 # sentence's own full stop or comma is not part of it).
-CODE_ROOTS = (PACKAGE, "recipes", "benchmarks")
+CODE_ROOTS = (PACKAGE, "probes", "recipes", "benchmarks")
 CODE_SUFFIXES = (".py", ".c", ".h")
 DOCS_REF = re.compile(r"(?<![\w./~-])docs/(?:[\w./-]*[\w/])?(?:#[\w-]+)?")
 C_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)

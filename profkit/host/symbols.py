@@ -11,31 +11,17 @@ from __future__ import annotations
 
 import bisect
 import os
-import stat
 import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
 
-from .pyruntime.elf import MAX_ELF_BYTES, Mapping, read_maps, target_file_path
+from .elf import open_elf, read_symbol_table
+from .pyruntime.elf import Mapping, read_maps, target_file_path
 
 KERNEL_DSO = "[kernel.kallsyms]"
 UNKNOWN = "[unknown]"
-_SYM = np.dtype(
-    [
-        ("name", "<u4"),
-        ("info", "u1"),
-        ("other", "u1"),
-        ("shndx", "<u2"),
-        ("value", "<u8"),
-        ("size", "<u8"),
-    ]
-)
-_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
-_PHDR = struct.Struct("<IIQQQQQQ")
-_SHDR = struct.Struct("<IIQQQQIIQQ")
-_STT_FUNC, _STT_GNU_IFUNC = 2, 10
 # A symbol name is read in chunks up to its NUL, and cut at this length (mangled C++ names run
 # to a few KiB).
 NAME_CHUNK_BYTES = 512
@@ -91,72 +77,32 @@ class FileSymbols:
 
 def read_file_symbols(path: str) -> FileSymbols | None:
     """None for a file that is not a readable 64-bit little-endian ELF of bounded size. Only the
-    headers and the symbol and string tables are read, not the code."""
+    headers and the symbol table are read, not the code; names are read as asked for."""
+    f = open_elf(path)
+    if f is None:
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError:
-        return None
-    f = os.fdopen(fd, "rb")
-    st = os.fstat(f.fileno())
-    symbols = None
-    if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_ELF_BYTES:
-        try:
-            symbols = _parse(f, st.st_size)
-        except (OSError, struct.error, ValueError, IndexError):
-            symbols = None
-    if symbols is None or symbols.file is None:
+        table = read_symbol_table(f)
+    except (OSError, struct.error, ValueError, IndexError):
+        table = None
+    if table is None:
         f.close()
-    return symbols
-
-
-def _read(f: BinaryIO, offset: int, size: int, file_size: int) -> bytes:
-    if offset < 0 or size < 0 or offset + size > file_size:
-        raise ValueError("a table past the end of the file")
-    f.seek(offset)
-    return f.read(size)
-
-
-def _parse(f: BinaryIO, file_size: int) -> FileSymbols | None:
-    head = _read(f, 0, _EHDR.size, file_size)
-    if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
         return None
-    header = _EHDR.unpack(head)
-    e_phoff, e_shoff = header[5], header[6]
-    e_phentsize, e_phnum, e_shentsize, e_shnum = header[9], header[10], header[11], header[12]
-    program = _read(f, e_phoff, e_phentsize * e_phnum, file_size)
-    loads = []
-    for i in range(e_phnum):
-        p_type, _, p_offset, p_vaddr, _, p_filesz, _, _ = _PHDR.unpack_from(
-            program, i * e_phentsize
-        )
-        if p_type == 1:
-            loads.append((p_offset, p_filesz, p_vaddr))
-    table = _read(f, e_shoff, e_shentsize * e_shnum, file_size)
-    sections = [_SHDR.unpack_from(table, i * e_shentsize) for i in range(e_shnum)]
-    for wanted in (2, 11):  # SHT_SYMTAB, else SHT_DYNSYM
-        for _, sh_type, _, _, sh_offset, sh_size, sh_link, _, _, sh_entsize in sections:
-            if sh_type != wanted or sh_entsize != _SYM.itemsize or sh_link >= len(sections):
-                continue
-            raw = _read(f, sh_offset, sh_size, file_size)
-            symbols = np.frombuffer(raw, _SYM, len(raw) // _SYM.itemsize)
-            kind = symbols["info"] & 0xF
-            keep = ((kind == _STT_FUNC) | (kind == _STT_GNU_IFUNC)) & (symbols["value"] != 0)
-            symbols = symbols[keep]
-            symbols = symbols[np.argsort(symbols["value"], kind="stable")]
-            str_offset, str_size = sections[sh_link][4], sections[sh_link][5]
-            if str_offset < 0 or str_size < 0 or str_offset + str_size > file_size:
-                raise ValueError("a string table past the end of the file")
-            return FileSymbols(
-                symbols["value"].astype(np.uint64),
-                (symbols["value"] + symbols["size"]).astype(np.uint64),
-                symbols["name"].astype(np.int64),
-                f,
-                str_offset,
-                str_size,
-                tuple(loads),
-            )
-    empty = np.zeros(0, np.uint64)
-    return FileSymbols(empty, empty, np.zeros(0, np.int64), None, 0, 0, tuple(loads))
+    loads = tuple((load.offset, load.file_size, load.vaddr) for load in table.loads)
+    functions = table.functions()
+    if not len(functions):
+        f.close()
+        empty = np.zeros(0, np.uint64)
+        return FileSymbols(empty, empty, np.zeros(0, np.int64), None, 0, 0, loads)
+    return FileSymbols(
+        functions["value"].astype(np.uint64),
+        (functions["value"] + functions["size"]).astype(np.uint64),
+        functions["name"].astype(np.int64),
+        f,
+        table.strings_at,
+        table.strings_size,
+        loads,
+    )
 
 
 class KernelSymbols:

@@ -31,7 +31,7 @@ def test_wheel_contains_probes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     wheel = next(tmp_path.glob("profkit-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    probes = sorted(p.name for p in (ROOT / "profkit/capture/ebpf/probes").glob("*.bpf.c"))
+    probes = sorted(p.name for p in (ROOT / "probes").glob("*.bpf.c"))
     assert probes, "the project has eBPF programs to ship"
     for probe in [*probes, "pywalk.h"]:  # the frame walk both loaders' programs include
         assert f"profkit/capture/ebpf/probes/{probe}" in names
@@ -41,7 +41,7 @@ def test_wheel_contains_probes(tmp_path: Path) -> None:
     for name in ("profile.proto", "profile_pb2.py", "profile_pb2.pyi"):
         assert f"profkit/render/proto/{name}" in names
     # The prebuilt CO-RE objects and their sources, for nodes where bcc cannot compile.
-    core = sorted((ROOT / "profkit/capture/ebpf/probes/core").glob("*.bpf.[co]"))
+    core = sorted((ROOT / "probes/core").glob("*.bpf.[co]"))
     assert {p.suffix for p in core} == {".c", ".o"}, core
     for path in core:
         assert f"profkit/capture/ebpf/probes/core/{path.name}" in names

@@ -1,12 +1,12 @@
 """The eBPF collector: scheduler slices, wakeups, OpenMP parallel regions and on-CPU samples
 of the target, with their Python stacks.
 
-bcc compiles the programs (programs.py renders them for one target) where it loads; elsewhere
-the prebuilt CO-RE process program loads through libbpf (core_program.py), with the same maps.
-Probes are attached for the target only, and detached on every exit path (cleanup()). The
-region probes are attached and switched through one interface for both loaders
-(region_probes.py); their rate decides whether they stay on (region_policy.py); the logs are
-read after the window (logs.py).
+It decides and orders; the parts do the work. The process program is loaded through either
+loader behind one interface (loading.py: the prebuilt CO-RE object through libbpf wherever it
+loads, else bcc's compile); its region probes are switched through one interface for both
+(region_probes.py); their rate decides whether they stay on (region_policy.py, duty.py); the
+window's maps are read into ebpf.json's tables after it (reader.py, logs.py). Probes are
+attached for the target only, and detached on every exit path (cleanup()).
 """
 
 from __future__ import annotations
@@ -18,35 +18,22 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from types import ModuleType
-from typing import Any
 
 from ...bundle.parts import EBPF, NATIVE, CollectorResult
 from ...bundle.safefile import write_new
-from ...host import procfs
 from ...host.target import Target
 from ..budget import REGION_PROBE_PART
 from ..collectors.base import Availability, CaptureContext
 from . import libbpf
-from .core_program import SCHED_PROGRAMS, load_process
 from .duty import RECOUNT_S, DutyCycle
-from .libbpf import CoreObject
-from .loader import BccUnavailable, BpfProgram, bcc_version, detach_uprobes, load_bcc
-from .logs import (
-    SampleTables,
-    read_regions,
-    read_samples,
-    read_sched,
-    region_columns,
-    sampled_count,
-    slice_columns,
-    unseen_ends,
-)
-from .native import NATIVE_STACK_ENTRIES, native_tables, read_stacks
-from .programs import PYTHON_SAMPLE_HZ, OpenMPProgram, SchedProgram
+from .loader import BccUnavailable, BpfProgram, load_bcc
+from .loading import Loaded, LoaderName, LoadRequest, load, record_when_none
+from .logs import region_columns, sampled_count, slice_columns, unseen_ends
+from .native import NATIVE_STACK_ENTRIES
+from .programs import PYTHON_SAMPLE_HZ
 from .pywalk import PythonWalker
+from .reader import ReadPlan, read_tables
 from .region_policy import RegionCount, RegionOutcome, decide_regions, needs_recount
-from .region_probes import BccRegionProbes, CoreRegionProbes, RegionProbes
 from .regions import RuntimeProbes, Uprobe, find_probes, probeable, region_uprobes
 from .scheduler import SchedDecision, SwitchRate, decide_sched
 
@@ -76,10 +63,8 @@ class EbpfCollector:
 
     def __init__(self, print_programs: bool = False) -> None:
         self.print_programs = print_programs
-        self._bpf: list[BpfProgram] = []  # every loaded program, for cleanup
-        self._sched_bpf: BpfProgram | None = None
-        # The target's process program, bcc's or the CO-RE object: both are read by map name.
-        self._process: BpfProgram | CoreObject | None = None
+        # The target's process program, through whichever loader (loading.py).
+        self._loaded: Loaded | None = None
         self.sched_decision: SchedDecision | None = None
         self._on_ns: list[tuple[int, int]] = []  # the switched probes' on-times
         self.region_outcome = RegionOutcome()
@@ -88,7 +73,6 @@ class EbpfCollector:
         self.regions = region_columns()
         self.walker: PythonWalker | None = None
         self._region_probes: list[Uprobe] = []
-        self._regions: RegionProbes | None = None
         self._hit_s: dict[int, float] = {}  # each probed copy's trap cost per region
         self.probed_runtimes: list[dict[str, object]] = []
         self.regions_detached = False
@@ -96,12 +80,8 @@ class EbpfCollector:
         # The region-rate check runs while the other tools settle; the window waits for it.
         self._judged = threading.Event()
         self._judged.set()
-        self._sampling = False
-        self._dispatch_wakeups = False
-        self.loader = "bcc"
+        self.loader: LoaderName = "bcc"
         self.loader_reason = ""  # why this loader ran, for the manifest and the report
-        self._core: CoreObject | None = None  # the CO-RE program, where it runs instead of bcc
-        self._uprobe_links = "single"
         self._native = False
         self._sample_hz = PYTHON_SAMPLE_HZ
         self.lost = {"slices": 0, "regions": 0}
@@ -119,12 +99,12 @@ class EbpfCollector:
             return Availability(False, f"{exc}; and CO-RE cannot load: {core}")
         return Availability(True)
 
-    def _choose_loader(self, asked: str) -> str:
+    def _choose_loader(self, asked: str) -> LoaderName:
         """The asked loader or, for auto, the prebuilt CO-RE object wherever the kernel has BTF
         and libbpf loads (nothing compiled: a shorter start), else bcc."""
         if asked != "auto":
             self.loader_reason = f"asked for (--ebpf-loader {asked})"
-            return asked
+            return "core" if asked == "core" else "bcc"
         why = libbpf.readiness()
         if not why:
             self.loader_reason = "auto: the kernel has BTF and libbpf loads the prebuilt program"
@@ -139,16 +119,16 @@ class EbpfCollector:
         self.loader = self._choose_loader(asked)
         if self.loader == "core":
             try:
-                self._start_core(context)
+                self._load(context)
             except libbpf.CoreUnavailable as exc:
                 if asked != "auto" or not _bcc_loads():
                     raise
                 # A kernel that refuses the prebuilt object (an old one without attach
                 # cookies) may still take what bcc compiles for it.
                 self._reset_for_bcc(f"eBPF through bcc: the prebuilt CO-RE program failed: {exc}")
-                self._start_bcc(context)
+                self._load(context)
         else:
-            self._start_bcc(context)
+            self._load(context)
         if self._region_probes:
             self._judged.clear()
             threading.Thread(
@@ -159,95 +139,51 @@ class EbpfCollector:
             ).start()
         self._start_ns = context.clock()
 
-    def _start_bcc(self, context: CaptureContext) -> None:
-        target = context.target
-        switches = SwitchRate(context.clock)
-        flags = self._prepare_walker(target, context.options.python_stacks != "off")
-        # Decided before compiling, since the tracepoints are part of the one program: the
-        # context-switch rate is counted over the walker's preparation.
-        self.sched_decision = decide_sched(context, switches)
-        traced = self.sched_decision.traced
-        if not traced:
-            self.warnings.append(self.sched_decision.reason)
-        # Native stacks come from the walker's sampler unless perf record samples them in this
-        # capture, or DWARF call graphs were asked for (only perf unwinds those).
-        self._native = (
-            bool(flags)
-            and "perf_record" not in context.collectors
-            and context.options.perf_callgraph == "fp"
-        )
-        program = OpenMPProgram(
-            tuple(probeable(target.runtimes)),
-            target.pid,
-            sched=SchedProgram(target.pid) if traced else None,
-            native_stacks=NATIVE_STACK_ENTRIES if self._native else 0,
-            dispatch_wakeups=traced,
-        )
-        self._dispatch_wakeups = program.dispatch_wakeups
-        self._load(program, flags, sample=True)
-
-    def _start_core(self, context: CaptureContext) -> None:
-        """The prebuilt process program through libbpf: what bcc's program does, from one
-        object (the sampler and walker, the region probes of every runtime copy, the scheduler
-        tracepoints where traced) attached program by program."""
+    def _load(self, context: CaptureContext) -> None:
+        """The process program for this capture: the sampler and walker, the region probes of
+        every runtime copy, the scheduler tracepoints where they fit the budget."""
         target = context.target
         switches = SwitchRate(context.clock)
         runtimes = tuple(probeable(target.runtimes))
-        # The probe points are found (disassembly), the walker prepared and the switch rate
-        # counted side by side: each takes a fraction of a second, and the load waits for all.
+        # The probe points are found (disassembly), the walker prepared, the switch rate counted
+        # and the program loaded side by side: each takes a fraction of a second. The
+        # tracepoints are part of the one program, so their decision comes before the load.
         with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
             found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
-            walker = bool(self._prepare_walker(target, context.options.python_stacks != "off"))
-            layout = self.walker.layout if walker and self.walker is not None else None
+            flags = self._prepare_walker(target, context.options.python_stacks != "off")
             self.sched_decision = decide_sched(context, switches)
-            traced = self.sched_decision.traced
-            if not traced:
+            if not self.sched_decision.traced:
                 self.warnings.append(self.sched_decision.reason)
+            # Native stacks come from the walker's sampler unless perf record samples them in
+            # this capture, or DWARF call graphs were asked for (only perf unwinds those).
             self._native = (
-                walker
+                bool(flags)
                 and "perf_record" not in context.collectors
                 and context.options.perf_callgraph == "fp"
             )
             if self._native:
                 self._sample_hz = context.options.perf_rate_hz
-            program = OpenMPProgram(
-                runtimes,
-                target.pid,
+            request = LoadRequest(
+                pid=target.pid,
+                runtimes=runtimes,
+                walker=self.walker if flags else None,
+                walker_flags=tuple(flags),
+                sched=self.sched_decision.traced,
+                sample_hz=self._sample_hz,
+                native=self._native,
                 native_stacks=NATIVE_STACK_ENTRIES if self._native else 0,
+                print_source=self.print_programs,
             )
-            if not (program.runtimes or walker or traced):
-                return
-            core = load_process(
-                target.pid,
-                layout,
-                program.sample_capacity,
-                program.region_capacity,
-                SchedProgram(target.pid).slice_capacity if traced else 1,
-                program.native_stacks,
-            )
-            probes = [p for p in (f.result() for f in found) if p is not None]
-        self._core = self._process = core
-        self._uprobe_links = "multi" if core.multi_uprobes else "single"
-        self._regions = CoreRegionProbes(core, target.pid)
+            self._loaded = load(self.loader, request, found)
+        self._attach_found()
+
+    def _attach_found(self) -> None:
+        """What the load attached into the record, then every copy's region probes."""
+        if self._loaded is None:
+            return
+        self.attached += self._loaded.attached
         try:
-            if traced:
-                self._sched_bpf = core
-                self._seed_threads(core, target.pid)
-                for name, event in SCHED_PROGRAMS.items():
-                    core.attach(name)
-                    self.attached.append(f"tp_btf:sched:{event}")
-            if walker and self.walker is not None:
-                core.attach_cpu_clock("on_cpu_sample", self._sample_hz)
-                what = "Python and native stacks" if self._native else "Python stacks"
-                self.attached.append(f"perf_event:cpu-clock@{self._sample_hz}Hz ({what})")
-                if traced:
-                    # Who wakes the pool's workers, for their samples: on every wakeup of the
-                    # machine, so only where the scheduler's tracepoints fit the budget.
-                    core.attach("on_waking")
-                    self.attached.append("tp_btf:sched:sched_waking (dispatchers)")
-                self._sampling = True
-                self.walker.attach(core)
-            for copy in probes:
+            for copy in self._loaded.probes:
                 self._attach_regions(copy)
         except Exception:
             self.cleanup(wait=True)
@@ -271,17 +207,9 @@ class EbpfCollector:
 
     def loader_record(self) -> dict[str, object]:
         """Which loader ran, its version and why it was chosen."""
-        if self.loader == "core":
-            return {
-                "name": "core",
-                "version": f"libbpf {libbpf.version()}",
-                "libbpf": libbpf.version(),
-                "reason": self.loader_reason,
-                # How the region probes were linked: every point of a program in a file by one
-                # link ("multi"), or a link a point.
-                "uprobe_links": self._uprobe_links,
-            }
-        return {"name": "bcc", "version": f"bcc {bcc_version()}", "reason": self.loader_reason}
+        if self._loaded is not None:
+            return self._loaded.record(self.loader_reason)
+        return record_when_none(self.loader, self.loader_reason)
 
     def _reset_for_bcc(self, why: str) -> None:
         # bcc's uprobes cannot share an instruction with libbpf's (docs/install.md): gone first.
@@ -292,7 +220,6 @@ class EbpfCollector:
         self.attached = []
         self.sched_decision = None
         self._region_probes, self._hit_s, self.probed_runtimes = [], {}, []
-        self._sampling = False
 
     def load_counters(
         self, target: Target, python_stacks: bool = True, loader: str = "auto"
@@ -302,38 +229,42 @@ class EbpfCollector:
         (pystack_stats, runtime_entries) are read as often as wanted, and cleanup() detaches."""
         flags = self._prepare_walker(target, python_stacks)
         self.loader = self._choose_loader(loader)
-        if self.loader == "core":
-            self._load_core_counters(target, bool(flags))
-            return
-        program = OpenMPProgram(
-            tuple(probeable(target.runtimes)), target.pid, region_capacity=1, sample_capacity=1
-        )
-        self._load(program, flags, sample=False)
-
-    def _load_core_counters(self, target: Target, walker: bool) -> None:
         runtimes = tuple(probeable(target.runtimes))
-        probes = [p for p in (find_probes(i, r) for i, r in enumerate(runtimes)) if p is not None]
-        if not probes:
-            return
-        layout = self.walker.layout if walker and self.walker is not None else None
-        core = load_process(target.pid, layout, 1, 1, 1, 0)  # logs of one entry: off
-        self._core = self._process = core
-        self._uprobe_links = "multi" if core.multi_uprobes else "single"
-        self._regions = CoreRegionProbes(core, target.pid)
-        try:
-            if layout is not None and self.walker is not None:
-                self.walker.attach(core)
-            for copy in probes:
-                self._attach_regions(copy)
-        except Exception:
-            self.cleanup(wait=True)
-            raise
+        request = LoadRequest(
+            pid=target.pid,
+            runtimes=runtimes,
+            walker=self.walker if flags else None,
+            walker_flags=tuple(flags),
+            sched=False,
+            sample_hz=0,
+            native=False,
+            native_stacks=0,
+            logs=False,
+            print_source=self.print_programs,
+        )
+        with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
+            found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
+            self._loaded = load(self.loader, request, found)
+        self._attach_found()
 
     @property
     def program(self) -> BpfProgram | None:
         """The target's loaded process program (bcc's or the CO-RE object), for a reader of
         its counters (profkit watch); None before load and after cleanup."""
         return self._process
+
+    @property
+    def _process(self) -> BpfProgram | None:
+        return self._loaded.program if self._loaded is not None else None
+
+    @property
+    def _sched_bpf(self) -> BpfProgram | None:
+        loaded = self._loaded
+        return loaded.program if loaded is not None and loaded.sched else None
+
+    @property
+    def _sampling(self) -> bool:
+        return self._loaded is not None and self._loaded.sampling
 
     def _prepare_walker(self, target: Target, wanted: bool) -> list[str]:
         self.walker = PythonWalker(target.pid)
@@ -343,71 +274,13 @@ class EbpfCollector:
             self.warnings.append(self.walker.reason)
         return flags
 
-    def _load(self, program: OpenMPProgram, flags: list[str], sample: bool) -> None:
-        """Compile the process program and attach what it holds; on any failure nothing stays
-        attached."""
-        if self.print_programs:
-            print(f"/* --- process ({' '.join(flags)}) --- */\n{program.source()}")
-        if not (program.runtimes or flags or program.sched):
-            return
-        bcc = load_bcc()
-        try:
-            # The probe points are read from the runtimes' files while clang compiles (the compile
-            # is a ctypes call, outside the GIL).
-            runtimes = program.runtimes
-            with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
-                found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
-                bpf = bcc.BPF(text=program.source(), cflags=flags)
-                probes = [p for p in (f.result() for f in found) if p is not None]
-            self._bpf.append(bpf)
-            self._process = bpf
-            self._regions = BccRegionProbes(bpf, program.tgid)
-            if program.sched is not None:
-                # TRACEPOINT_PROBE functions are attached as the program loads.
-                self._sched_bpf = bpf
-                self._seed_threads(bpf, program.tgid)
-                self.attached += [
-                    "tracepoint:sched:sched_switch",
-                    "tracepoint:sched:sched_wakeup",
-                    "tracepoint:sched:sched_wakeup_new",
-                ]
-            if flags:
-                if sample:
-                    self._attach_sampler(bcc, bpf)
-                assert self.walker is not None
-                self.walker.attach(bpf)
-            for copy in probes:
-                self._attach_regions(copy)
-        except Exception:
-            self.cleanup(wait=True)
-            raise
-
-    def _attach_sampler(self, bcc: ModuleType, bpf: BpfProgram) -> None:
-        """The walker's on-CPU sampler: a cpu-clock event on every CPU, kept to the target's
-        threads by the program (with native stacks, at perf record's rate, where it samples
-        them instead of perf)."""
-        if self._native and self._context is not None:
-            self._sample_hz = self._context.options.perf_rate_hz
-        bpf.attach_perf_event(
-            ev_type=bcc.PerfType.SOFTWARE,
-            ev_config=bcc.PerfSWConfig.CPU_CLOCK,
-            fn_name="on_cpu_sample",
-            sample_freq=self._sample_hz,
-        )
-        self._sampling = True
-        what = "Python and native stacks" if self._native else "Python stacks"
-        self.attached.append(f"perf_event:cpu-clock@{self._sample_hz}Hz ({what})")
-        if self._dispatch_wakeups:
-            # Attached as the program loaded: who wakes the pool's workers, for their samples.
-            self.attached.append("tracepoint:sched:sched_waking (dispatchers)")
-
     def _attach_regions(self, copy: RuntimeProbes) -> None:
         """One runtime copy's entry and end probes; a copy that refuses them is left out with
         a warning, the rest go on."""
-        assert self._regions is not None
+        assert self._loaded is not None
         probes = region_uprobes(copy)
         try:
-            self._regions.attach(probes)
+            self._loaded.regions.attach(probes)
         except Exception as exc:  # a stripped or unusual runtime: the rest still works
             self.warnings.append(f"region probes in {copy.runtime.path} failed: {exc}")
             return
@@ -522,12 +395,12 @@ class EbpfCollector:
         self.attached = [a for a in self.attached if not a.startswith(("uprobe:", "uretprobe:"))]
 
     def _attach_probes(self, entries: bool) -> None:
-        assert self._regions is not None
-        self._regions.attach([p for p in self._region_probes if p.entry == entries])
+        assert self._loaded is not None
+        self._loaded.regions.attach([p for p in self._region_probes if p.entry == entries])
 
     def _detach_probes(self, entries: bool) -> None:
-        if self._regions is not None:
-            self._regions.detach(entries)
+        if self._loaded is not None:
+            self._loaded.regions.detach(entries)
 
     def _stop_cycle(self) -> None:
         """The on-times into the decision, once the switching has stopped."""
@@ -544,11 +417,6 @@ class EbpfCollector:
         )
         if cycle.error:
             self.warnings.append(cycle.error)
-
-    def _seed_threads(self, bpf: BpfProgram | CoreObject, pid: int) -> None:
-        times = bpf["times"]
-        for tid in procfs.list_tids(pid):
-            times[times.Key(tid)] = times.Leaf()
 
     def progress(self) -> int:
         if self._process is None:
@@ -567,80 +435,48 @@ class EbpfCollector:
         # regions entered after an end probe went but before its entry probe did would read as
         # regions without an end. The log is read up to this count of ended regions.
         counts = unseen_ends(self._process) if self._process is not None else None
-        if self._core is not None:
+        if self._loaded is not None:
             # Every probe off as the window ends; the kernel's waits for their closes overlap
             # the reading below and the report (the maps stay readable).
-            self._core.detach(wait=False)
-        payload: dict[str, object] = {"threads": {}, "wakeups": [], "histogram_us_log2": {}}
-        # Off-CPU time per (Python stack, thread), the intervals still open at the window's
-        # end closed there, as the threads' on/off-CPU times are.
-        offcpu_by_stack: dict[tuple[int, int], list[int]] = {}
-        if self._sched_bpf is not None:
-            sched = read_sched(self._sched_bpf, end_ns, self.lost)
-            payload["threads"], payload["wakeups"] = sched.threads, sched.wakeups
-            self.slices, offcpu_by_stack = sched.slices, sched.offcpu_by_stack
-        python: dict[str, object] = {"walker": "off", "reason": "no OpenMP region probe"}
-        native_notes: dict[str, object] = {}
-        if self.walker is not None:
-            python["reason"] = self.walker.reason
-        if self._process is not None:
-            process = self._process
-            assert counts is not None
-            entries, ended, missed = counts
-            # Not after the probes were detached: regions in flight then lose their ends, and
-            # the log is not read.
-            if not self.regions_detached and missed > max(5, entries // 100):
-                self.warnings.append(
-                    f"{missed} of {entries} OpenMP regions ended where the end probe did not "
-                    "see them: region times are incomplete"
-                )
-            stack_index: dict[int, int] = {}
-            if self.walker is not None and self.walker.layout is not None:
-                python, stack_index = self.walker.read()
-            if not self.regions_detached:
-                found = read_regions(process, ended, stack_index, self._on_ns, self.lost)
-                self.regions = found.columns
-                if self._on_ns:
-                    self.region_outcome = replace(
-                        self.region_outcome,
-                        regions_before_on_times=found.before_on_times,
-                        regions_after_on_times=found.after_on_times,
-                    )
-            if self._sampling:
-                native_notes = self._take_samples(process, python, stack_index)
-            if self._sched_bpf is not None and stack_index:
-                python["offcpu"] = {
-                    "tid": [tid for (_, tid) in offcpu_by_stack],
-                    "stack": [stack_index.get(stack, -1) for (stack, _) in offcpu_by_stack],
-                    "ns": [v[0] for v in offcpu_by_stack.values()],
-                    "switches": [v[1] for v in offcpu_by_stack.values()],
-                }
-            payload["region_entries"] = entries
-            hist = process["duration_us_log2"]
-            payload["histogram_us_log2"] = {
-                str(k.value): v.value for k, v in hist.items() if v.value
-            }
+            self._loaded.detach()
+        plan = ReadPlan(
+            target=self._context.target,
+            end_ns=end_ns,
+            counts=counts,
+            regions_detached=self.regions_detached,
+            on_ns=tuple(self._on_ns),
+            sampling=self._sampling,
+            native=self._native,
+            sample_hz=self._sample_hz,
+            name_frames=self.loader == "core",
+        )
+        tables = read_tables(self._process, self._sched_bpf, self.walker, plan, self.lost)
+        loader = self.loader_record()  # before cleanup() lets the program go
         self.cleanup()
-        return self._finish(payload, end_ns, native_notes, python)
-
-    def _take_samples(
-        self, bpf: BpfProgram, python: dict[str, object], stack_index: dict[int, int]
-    ) -> dict[str, object]:
-        """The sampler's logs into the walker's part of ebpf.json, and native.json where it
-        took native stacks; the notes on them for the manifest."""
-        assert self._context is not None
-        samples = read_samples(bpf, stack_index, self._sample_hz)
-        python["samples"], python["dispatched"] = samples.python, samples.dispatched
-        self.lost["python_samples"] = samples.lost
-        if not self._native:
-            return {}
-        native = self._native_tables(bpf, samples)
-        write_new(self._context.directory / NATIVE, json.dumps(native))
-        return {
-            "native_samples": len(native["samples"]["t_ns"]),
-            "native_stacks_lost": native["lost"],
-            "native_rate_hz": self._sample_hz,
+        self.warnings += tables.warnings
+        self.slices, self.regions = tables.slices, tables.regions
+        if self._on_ns:
+            self.region_outcome = replace(
+                self.region_outcome,
+                regions_before_on_times=tables.regions_before_on_times,
+                regions_after_on_times=tables.regions_after_on_times,
+            )
+        native_notes: dict[str, object] = {}
+        if tables.native is not None:
+            write_new(self._context.directory / NATIVE, json.dumps(tables.native))
+            native_notes = {
+                "native_samples": len(tables.native["samples"]["t_ns"]),
+                "native_stacks_lost": tables.native["lost"],
+                "native_rate_hz": self._sample_hz,
+            }
+        payload: dict[str, object] = {
+            "threads": tables.threads,
+            "wakeups": tables.wakeups,
+            "histogram_us_log2": tables.histogram_us_log2,
         }
+        if tables.region_entries is not None:
+            payload["region_entries"] = tables.region_entries
+        return self._finish(payload, end_ns, native_notes, tables.python, loader)
 
     def _finish(
         self,
@@ -648,6 +484,7 @@ class EbpfCollector:
         end_ns: int,
         native_notes: dict[str, object],
         python: dict[str, object],
+        loader: dict[str, object],
     ) -> CollectorResult:
         """ebpf.json written, whichever loader ran; the collector's result."""
         assert self._context is not None
@@ -669,7 +506,7 @@ class EbpfCollector:
                 ),
                 # Every runtime copy whose region probes went on; regions.runtime indexes it.
                 "runtimes": self.probed_runtimes,
-                "loader": self.loader_record(),
+                "loader": loader,
             }
         )
         write_new(self._context.directory / EBPF, json.dumps(payload))
@@ -690,33 +527,9 @@ class EbpfCollector:
                 "regions_with_python_stack": sum(1 for i in self.regions["stack"] if i >= 0),
                 "python_walker": python.get("walker"),
                 "lost": dict(self.lost),
-                "loader": self.loader_record(),
+                "loader": loader,
             },
         )
-
-    def _native_tables(self, bpf: BpfProgram, samples: SampleTables) -> dict[str, Any]:
-        """Every thread's native stacks, where the sampler took them, as perf.json's tables."""
-        assert self._context is not None
-        pid = self._context.target.pid
-        # Imported here: it brings numpy, a tenth of a second start-up need not wait for.
-        from ...host.symbols import ProcessSymbols
-
-        # Without bcc, its symbol cache is not there either.
-        names = ProcessSymbols(pid) if self.loader == "core" else None
-        try:
-            native = native_tables(
-                [(int(v.t_ns), int(v.tid), int(v.native)) for _, v in samples.rows],
-                read_stacks(bpf["native_stacks"]),
-                pid,
-                round(1e9 / self._sample_hz),
-                names,
-            )
-        finally:
-            if names is not None:
-                names.close()
-        # Samples whose stack did not fit the full map, and those past the log.
-        native["lost"] += int(bpf["native_counts"][ctypes.c_int(0)].value) + samples.lost
-        return native
 
     def cleanup(self, wait: bool = False) -> None:
         """Detach every probe; safe to call more than once. The CO-RE object's links close on a
@@ -726,13 +539,6 @@ class EbpfCollector:
         self._stop_cycle()
         if self.walker is not None:
             self.walker.halt()
-        self._sched_bpf = self._process = None
-        if self._core is not None:
-            self._core.close(wait=wait)  # its links at once, region probes included
-            self._core = None
-        while self._bpf:
-            bpf = self._bpf.pop()
-            with contextlib.suppress(Exception):
-                detach_uprobes(bpf)
-            with contextlib.suppress(Exception):
-                bpf.cleanup()
+        loaded, self._loaded = self._loaded, None
+        if loaded is not None:
+            loaded.close(wait=wait)  # every probe at once, region probes included

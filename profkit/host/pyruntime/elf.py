@@ -1,26 +1,14 @@
-"""Just enough ELF64 to find a symbol's address in a mapped file, plus /proc/PID/maps parsing."""
+"""A symbol's address in a file the target maps (host/elf.py reads the tables), and
+/proc/PID/maps."""
 
 from __future__ import annotations
 
 import os
-import stat
-import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from ..elf import MAX_ELF_BYTES, SymbolTable, open_elf, read_symbol_table
 from .errors import PyRuntimeUnsupported
-
-_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
-_PHDR = struct.Struct("<IIQQQQQQ")
-_SHDR = struct.Struct("<IIQQQQIIQQ")
-_SYM = struct.Struct("<IBBHQQ")
-
-_PT_LOAD = 1
-_SHT_SYMTAB = 2
-_SHT_DYNSYM = 11
-_SHN_UNDEF = 0
-EM_X86_64 = 62
-EM_AARCH64 = 183
 
 
 @dataclass(frozen=True)
@@ -52,78 +40,39 @@ def read_maps(pid: int) -> list[Mapping]:
 
 @dataclass(frozen=True)
 class ElfSymbols:
-    """The defined symbols of one ELF file (dynamic and, when not stripped, static)."""
+    """The defined symbols of one ELF file (host/elf.py's reader), looked up by name."""
 
     machine: int
     is_exec: bool  # ET_EXEC: addresses are absolute, no load bias
     first_load_vaddr: int  # page-aligned p_vaddr of the PT_LOAD that maps file offset 0
-    symbols: dict[str, tuple[int, int]]  # name -> (st_value, st_size)
+    table: SymbolTable
+    strings: bytes
 
     def lookup(self, name: str) -> tuple[int, int] | None:
-        return self.symbols.get(name)
-
-
-def _cstr(table: bytes, offset: int) -> str:
-    end = table.find(b"\0", offset)
-    return table[offset : end if end >= 0 else len(table)].decode("ascii", "replace")
-
-
-def parse_elf(data: bytes) -> ElfSymbols:
-    if len(data) < _EHDR.size or data[:4] != b"\x7fELF":
-        raise ValueError("not an ELF file")
-    if data[4] != 2 or data[5] != 1:
-        raise ValueError("only 64-bit little-endian ELF is supported")
-    header = _EHDR.unpack_from(data)
-    e_type, machine, e_phoff, e_shoff = header[1], header[2], header[5], header[6]
-    e_phentsize, e_phnum, e_shentsize, e_shnum = header[9], header[10], header[11], header[12]
-    first_load = 0
-    for i in range(e_phnum):
-        p_type, _, p_offset, p_vaddr, _, _, _, p_align = _PHDR.unpack_from(
-            data, e_phoff + i * e_phentsize
-        )
-        if p_type == _PT_LOAD and p_offset == 0:
-            first_load = p_vaddr & ~(max(p_align, 1) - 1)
-            break
-    sections = [_SHDR.unpack_from(data, e_shoff + i * e_shentsize) for i in range(e_shnum)]
-    symbols: dict[str, tuple[int, int]] = {}
-    # .symtab first so that .dynsym (what the loader uses) wins on a clash.
-    for wanted in (_SHT_SYMTAB, _SHT_DYNSYM):
-        for _, sh_type, _, _, sh_offset, sh_size, sh_link, _, _, sh_entsize in sections:
-            if sh_type != wanted or sh_entsize != _SYM.size or sh_link >= len(sections):
-                continue
-            str_off, str_size = sections[sh_link][4], sections[sh_link][5]
-            strtab = data[str_off : str_off + str_size]
-            for st_name, _, _, st_shndx, st_value, st_size in _SYM.iter_unpack(
-                data[sh_offset : sh_offset + sh_size]
-            ):
-                if st_shndx == _SHN_UNDEF or st_name == 0:
-                    continue
-                symbols[_cstr(strtab, st_name)] = (st_value, st_size)
-    return ElfSymbols(machine, e_type == 2, first_load, symbols)
+        return self.table.lookup(self.strings, name)
 
 
 _ELF_CACHE: OrderedDict[tuple[int, int, int, int], ElfSymbols] = OrderedDict()
 _ELF_CACHE_SIZE = 16
 
 
-# Larger than any interpreter or runtime build with its symbols; a file past it is not read.
-MAX_ELF_BYTES = 512 * 1024 * 1024
-
-
 def load_elf(path: str) -> ElfSymbols:
     # Keyed by the file, not the path: each process reaches the same interpreter through its
     # own /proc/PID/map_files path, and a long-running watcher sees many processes.
-    # The target chose what it mapped: a device or FIFO under a runtime's name is refused
-    # before it is read (O_NONBLOCK so that the open itself cannot block).
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    with os.fdopen(fd, "rb") as f:
+    f = open_elf(path)
+    if f is None:
+        raise PyRuntimeUnsupported(f"{path}: not a regular file of at most {MAX_ELF_BYTES}")
+    with f:
         st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ELF_BYTES:
-            raise PyRuntimeUnsupported(f"{path}: not a regular file of at most {MAX_ELF_BYTES}")
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         elf = _ELF_CACHE.get(key)
         if elf is None:
-            elf = parse_elf(f.read(MAX_ELF_BYTES))
+            table = read_symbol_table(f)
+            if table is None:
+                raise ValueError("not a 64-bit little-endian ELF file")
+            elf = ElfSymbols(
+                table.machine, table.is_exec, table.first_load_vaddr, table, table.strings(f)
+            )
     if key not in _ELF_CACHE:
         _ELF_CACHE[key] = elf
         while len(_ELF_CACHE) > _ELF_CACHE_SIZE:

@@ -15,8 +15,8 @@ import struct
 from dataclasses import dataclass
 from typing import Literal, TypedDict
 
+from ..elf import EM_X86_64
 from .elf import (
-    EM_X86_64,
     ElfSymbols,
     Mapping,
     load_bias,
