@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Protocol, TypeAlias, cast
+from xml.etree import ElementTree
 
 import pytest
 from snakeviz.stats import json_stats, table_rows
@@ -20,6 +21,7 @@ from profkit.render.exports import pstats_key
 from ..support import DATA, run_profkit
 
 BUNDLES = sorted(p.name for p in DATA.iterdir() if (p / "manifest.json").exists())
+SVG = "{http://www.w3.org/2000/svg}"
 
 # pstats' (file, line, function) and its (calls, primitive calls, own, cumulative) times.
 Function: TypeAlias = tuple[str, int, str]
@@ -65,9 +67,15 @@ def test_flameprof_and_snakeviz_read_it(tmp_path: Path) -> None:
         timeout=60,
         check=True,
     ).stdout
-    assert svg.startswith("<?xml") and "</svg>" in svg
-    # The call site the merged view grafts the pool under is drawn, with its share.
-    assert "copy_fanout" in svg
+    # It renders: well-formed SVG whose boxes have a size, one of them the call site the merged
+    # view grafts the pool under.
+    root = ElementTree.fromstring(svg.encode())
+    assert root.tag == f"{SVG}svg", root.tag
+    # flameprof draws each function as a nested <svg> box holding its rect and title.
+    boxes = [b for b in root.iter(f"{SVG}svg") if float(b.get("width", "0")) > 0]
+    assert len(boxes) > 3, len(boxes)
+    titles = " ".join(t.text or "" for t in root.iter(f"{SVG}title"))
+    assert "copy_fanout" in titles, titles[:300]
     stats = pstats.Stats(str(out))
     rows = table_rows(stats)
     assert any("two_sites.py" in row[-1] for row in rows)
