@@ -30,8 +30,8 @@ struct region {
 // A thread's entry is written in place at each region's start and marked closed (start_ns 0)
 // at its end, never deleted (an update and a delete a region took the hash's lock and free list
 // twice); least recently used entries go first when it fills, so that the exited threads of a
-// long capture make room.
-BPF_TABLE("lru_hash", u32, struct region_start, open_regions, 16384);
+// long capture make room. Sized as the CO-RE program's (core/process.bpf.c says why).
+BPF_TABLE("lru_hash", u32, struct region_start, open_regions, 65536);
 BPF_HISTOGRAM(duration_us_log2, int, 64);
 BPF_ARRAY(region_log, struct region, REGION_CAPACITY);
 BPF_ARRAY(region_count, u64, 1);

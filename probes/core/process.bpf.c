@@ -349,10 +349,12 @@ struct region {
 // A thread's entry is written in place at each region's start and marked closed (start_ns 0)
 // at its end, never deleted: an update and a delete a region took the hash's lock and free
 // list twice. Least recently used entries go first when it fills, so that the exited threads
-// of a long capture make room.
+// of a long capture make room. Sized well past the threads of one process because each CPU
+// holds a batch of the LRU's free entries (128): on a machine of a hundred CPUs a map of 16 384
+// could evict live entries long before it held that many threads.
 struct {
     __uint(type, BPF_MAP_TYPE_LRU_HASH);
-    __uint(max_entries, 16384);
+    __uint(max_entries, 65536);
     __type(key, u32);
     __type(value, struct region_start);
 } open_regions SEC(".maps");

@@ -37,6 +37,7 @@ SHT_SYMTAB, SHT_DYNSYM = 2, 11
 ET_EXEC = 2
 STT_FUNC, STT_GNU_IFUNC = 2, 10
 SHN_UNDEF = 0
+STB_GLOBAL, STB_WEAK = 1, 2
 EM_X86_64 = 62
 EM_AARCH64 = 183
 # Larger than any interpreter or runtime build with its symbols; a file past it is not read.
@@ -97,19 +98,24 @@ class SymbolTable:
         hits = self.symbols[np.isin(self.symbols["name"], np.array(offsets, np.uint32))]
         if not len(hits):
             return None
-        return int(hits[0]["value"]), int(hits[0]["size"])
+        # A global or weak definition before a local one of the same name (locals come first).
+        bound = hits[np.isin(hits["info"] >> 4, (STB_GLOBAL, STB_WEAK))]
+        hit = bound[0] if len(bound) else hits[0]
+        return int(hit["value"]), int(hit["size"])
 
 
 def open_elf(path: str) -> BinaryIO | None:
     """The file opened for reading, or None where it is not a regular file of bounded size: the
     target chose what it mapped, and a device or FIFO under a library's name is refused before
-    it is read (O_NONBLOCK, so that the open itself cannot block)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError:
-        return None
+    it is read (O_NONBLOCK, so that the open itself cannot block). OSError where it cannot be
+    opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     f = os.fdopen(fd, "rb")
-    info = os.fstat(f.fileno())
+    try:
+        info = os.fstat(f.fileno())
+    except OSError:
+        f.close()
+        raise
     if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ELF_BYTES:
         f.close()
         return None

@@ -78,7 +78,10 @@ class FileSymbols:
 def read_file_symbols(path: str) -> FileSymbols | None:
     """None for a file that is not a readable 64-bit little-endian ELF of bounded size. Only the
     headers and the symbol table are read, not the code; names are read as asked for."""
-    f = open_elf(path)
+    try:
+        f = open_elf(path)
+    except OSError:
+        return None
     if f is None:
         return None
     try:

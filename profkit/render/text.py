@@ -56,7 +56,9 @@ def render_text(report: Report) -> str:
     sched = report.bundle.sched
     if sched is not None and sched.loader:
         name = "CO-RE" if sched.loader == "core" else sched.loader
-        lines += _wrap(f"eBPF through {name} ({sched.loader_version}): {sched.loader_reason}")
+        version = f" ({sched.loader_version})" if sched.loader_version else ""
+        reason = f": {sched.loader_reason}" if sched.loader_reason else ""
+        lines += _wrap(f"eBPF through {name}{version}{reason}")
     for pool in report.pools:
         lines += [
             "",

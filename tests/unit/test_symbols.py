@@ -99,3 +99,30 @@ def test_a_library_cut_short_after_its_tables_were_read_names_nothing(tmp_path: 
     assert not symbols.name_at(offset)
     assert symbols.file is not None
     symbols.file.close()
+
+
+def test_the_interpreter_symbols_come_from_the_same_reader(tmp_path: Path) -> None:
+    """host/pyruntime finds the interpreter's symbols through host/elf.py: by name, at the
+    address the dynamic loader gives, and a file it cannot open is an OSError, so that the
+    search for the interpreter goes on to its next candidate."""
+    import sysconfig
+
+    from profkit.host.pyruntime.elf import load_elf
+
+    libdir, name = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("LDLIBRARY")
+    library = Path(libdir or "") / (name or "")
+    if not library.name.endswith(".so") and ".so." not in library.name:
+        pytest.skip("this interpreter is linked statically")
+    elf = load_elf(str(library))
+    found = elf.lookup("PyList_New")
+    assert found is not None and found[0] > 0, found
+    python = ctypes.pythonapi
+    loaded = address_of(python, "PyList_New")
+    maps = [line.split() for line in Path("/proc/self/maps").read_text().splitlines()]
+    base = min(
+        int(m[0].split("-")[0], 16) for m in maps if len(m) == 6 and m[5] == str(library.resolve())
+    )
+    assert loaded - base + elf.first_load_vaddr == found[0]
+    assert elf.lookup("PyList_New_but_not_a_symbol") is None
+    with pytest.raises(OSError):
+        load_elf(str(tmp_path / "missing.so"))

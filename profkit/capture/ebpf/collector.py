@@ -450,9 +450,11 @@ class EbpfCollector:
             sample_hz=self._sample_hz,
             name_frames=self.loader == "core",
         )
-        tables = read_tables(self._process, self._sched_bpf, self.walker, plan, self.lost)
         loader = self.loader_record()  # before cleanup() lets the program go
-        self.cleanup()
+        try:
+            tables = read_tables(self._process, self._sched_bpf, self.walker, plan, self.lost)
+        finally:
+            self.cleanup()
         self.warnings += tables.warnings
         self.slices, self.regions = tables.slices, tables.regions
         if self._on_ns:

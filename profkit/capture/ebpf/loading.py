@@ -146,6 +146,7 @@ def _load_core(
         uprobe_links="multi" if core.multi_uprobes else "single",
     )
     try:
+        loaded.probes = [p for p in (f.result() for f in found) if p is not None]
         if request.sched:
             seed_threads(core, request.pid)
             for program_name, event in SCHED_PROGRAMS.items():
@@ -163,8 +164,8 @@ def _load_core(
                     loaded.attached.append("tp_btf:sched:sched_waking (dispatchers)")
                 loaded.sampling = True
             request.walker.attach(core)
-        loaded.probes = [p for p in (f.result() for f in found) if p is not None]
     except Exception:
+        _halt(request)
         core.close(wait=True)
         raise
     return loaded
@@ -191,6 +192,7 @@ def _load_bcc(request: LoadRequest, found: Sequence[Future[RuntimeProbes | None]
     bpf = bcc.BPF(text=program.source(), cflags=flags)
     loaded = Loaded("bcc", bpf, BccRegionProbes(bpf, request.pid), [])
     try:
+        loaded.probes = [p for p in (f.result() for f in found) if p is not None]
         if program.sched is not None:
             # TRACEPOINT_PROBE functions are attached as the program loads.
             seed_threads(bpf, request.pid)
@@ -215,11 +217,18 @@ def _load_bcc(request: LoadRequest, found: Sequence[Future[RuntimeProbes | None]
                     loaded.attached.append("tracepoint:sched:sched_waking (dispatchers)")
             assert request.walker is not None
             request.walker.attach(bpf)
-        loaded.probes = [p for p in (f.result() for f in found) if p is not None]
     except Exception:
+        _halt(request)
         loaded.close()
         raise
     return loaded
+
+
+def _halt(request: LoadRequest) -> None:
+    """The walker's thread stopped, where it began to feed a program that is going."""
+    if request.walker is not None:
+        with contextlib.suppress(Exception):
+            request.walker.halt()
 
 
 def _sampler_line(request: LoadRequest) -> str:

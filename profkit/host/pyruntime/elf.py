@@ -61,7 +61,9 @@ def load_elf(path: str) -> ElfSymbols:
     # own /proc/PID/map_files path, and a long-running watcher sees many processes.
     f = open_elf(path)
     if f is None:
-        raise PyRuntimeUnsupported(f"{path}: not a regular file of at most {MAX_ELF_BYTES}")
+        raise PyRuntimeUnsupported(
+            f"{path}: not a regular file of at most {MAX_ELF_BYTES >> 20} MiB"
+        )
     with f:
         st = os.fstat(f.fileno())
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
