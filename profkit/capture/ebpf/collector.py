@@ -27,7 +27,7 @@ from ..collectors.base import Availability, CaptureContext
 from . import libbpf
 from .duty import RECOUNT_S, DutyCycle
 from .loader import BccUnavailable, BpfProgram, load_bcc
-from .loading import Loaded, LoaderName, LoadRequest, load, record_when_none
+from .loading import Loaded, LoaderName, LoadRequest, load, loader_record
 from .logs import region_columns, sampled_count, slice_columns, unseen_ends
 from .native import NATIVE_STACK_ENTRIES
 from .programs import PYTHON_SAMPLE_HZ
@@ -209,7 +209,7 @@ class EbpfCollector:
         """Which loader ran, its version and why it was chosen."""
         if self._loaded is not None:
             return self._loaded.record(self.loader_reason)
-        return record_when_none(self.loader, self.loader_reason)
+        return loader_record(self.loader, self.loader_reason)
 
     def _reset_for_bcc(self, why: str) -> None:
         # bcc's uprobes cannot share an instruction with libbpf's (docs/install.md): gone first.

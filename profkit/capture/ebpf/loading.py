@@ -64,17 +64,12 @@ class Loaded:
 
     def record(self, reason: str) -> dict[str, object]:
         """Which loader ran, its version and why it was chosen (ebpf.json and the manifest)."""
+        found = loader_record(self.name, reason)
         if self.name == "core":
-            return {
-                "name": "core",
-                "version": f"libbpf {libbpf.version()}",
-                "libbpf": libbpf.version(),
-                "reason": reason,
-                # How the region probes were linked: every point of a program in a file by one
-                # link ("multi"), or a link a point.
-                "uprobe_links": self.uprobe_links,
-            }
-        return {"name": "bcc", "version": f"bcc {bcc_version()}", "reason": reason}
+            # How the region probes were linked: every point of a program in a file by one link
+            # ("multi"), or a link a point.
+            found["uprobe_links"] = self.uprobe_links
+        return found
 
     def detach(self) -> None:
         """Every probe off, the maps still readable: CO-RE's links close on a thread of their
@@ -93,8 +88,9 @@ class Loaded:
             self.program.cleanup()
 
 
-def record_when_none(name: LoaderName, reason: str) -> dict[str, object]:
-    """The loader record of a capture that loaded nothing (no runtime, walker or tracepoint)."""
+def loader_record(name: LoaderName, reason: str) -> dict[str, object]:
+    """A loader's name, version and why it ran; also the record of a capture that loaded
+    nothing (no runtime, walker or tracepoint)."""
     if name == "core":
         version = libbpf.version()
         return {"name": "core", "version": f"libbpf {version}", "libbpf": version, "reason": reason}
