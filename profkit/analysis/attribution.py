@@ -147,6 +147,9 @@ def _inside_regions(sched: EbpfData, times: np.ndarray, tolerance: int) -> np.nd
 def _worker_time_per_region(
     sched: EbpfData, workers: set[int], starts: np.ndarray, window: tuple[int, int]
 ) -> np.ndarray:
+    """The workers' on-CPU time from each region's start to the next region's start (ns). A
+    slice that spans several regions is split among them: a worker that spins between regions
+    stays on its CPU across many of them in one slice."""
     mask = (
         np.isin(sched.slice_tid, list(workers))
         & (sched.slice_end > window[0])
@@ -154,20 +157,39 @@ def _worker_time_per_region(
     )
     begin = np.maximum(sched.slice_start[mask], window[0])
     finish = np.minimum(sched.slice_end[mask], window[1])
-    opened = None
+    weights = np.zeros(len(starts))
+    if not len(starts):
+        return weights
+    # Worker time before the first region seen belongs to a region that started before it: of
+    # the window, or, where the probes were switched, of the on-time (not the last region of
+    # an earlier one).
+    opened = np.full(len(begin), window[0], dtype=np.int64)
     if sched.region_on:
-        # Probes switched on and off: only the on-times have their regions, and worker time
-        # outside them belongs to regions nobody saw.
         begin, finish, opened = _clip(begin, finish, sched.region_on)
-    middle = (begin + finish) // 2
-    found = np.searchsorted(starts, middle, side="right") - 1
-    index = np.clip(found, 0, len(starts) - 1)
-    weights = (finish - begin).astype(float)
-    if opened is not None:
-        # Worker time before an on-time's first region belongs to a region that started
-        # while the probes were off, not to the last one seen in an earlier on-time.
-        weights[(found < 0) | (starts[index] < opened)] = 0.0
-    return np.bincount(index, weights=weights, minlength=len(starts))
+    first = np.searchsorted(starts, opened, side="left")
+    seen = first < len(starts)
+    begin = np.maximum(begin[seen], starts[first[seen]])
+    finish = finish[seen]
+    keep = finish > begin
+    begin, finish = begin[keep], finish[keep]
+    low = np.searchsorted(starts, begin, side="right") - 1
+    high = np.searchsorted(starts, finish - 1, side="right") - 1
+    size = len(starts)
+    one = low == high
+    weights += np.bincount(low[one], weights=(finish - begin)[one], minlength=size)
+    split = ~one
+    after = starts[np.minimum(low[split] + 1, size - 1)]
+    weights += np.bincount(low[split], weights=(after - begin[split]), minlength=size)
+    weights += np.bincount(
+        high[split], weights=(finish[split] - starts[high[split]]), minlength=size
+    )
+    # The regions a slice covers whole, between its first and last.
+    covered = np.cumsum(
+        np.bincount(low[split] + 1, minlength=size + 1)
+        - np.bincount(high[split], minlength=size + 1)
+    )[:size]
+    weights[:-1] += covered[:-1] * np.diff(starts)
+    return weights
 
 
 def _clip(
@@ -655,7 +677,8 @@ def by_samples(
     next region's line or to a sleep between requests. Where the native stacks show the spin,
     a spinning sample counts for its dispatcher's line only if working samples were seen
     there too (a line that dispatches regions); the others are spread as the rest, as the
-    stack method gives a region the spin that follows it."""
+    stack method gives a region the spin that follows it. Where the region probes ran part of
+    the window, the lines they saw dispatch are the only sites."""
     dispatched = sched.dispatched
     if dispatched is None or not workers:
         return None
@@ -675,14 +698,22 @@ def by_samples(
 
     sites_of = {int(i): site_of(int(i)) for i in np.unique(dispatched.stack[known])}
     working = {sites_of[int(i)] for i in dispatched.stack[known & ~spinning] if sites_of[int(i)]}
+    # Where the region probes ran, they saw which lines dispatch: a sample counted as work at
+    # another line (a lock in the C library, a stack that did not unwind) does not make a
+    # sleep a site, nor the spin there its share.
+    seen = {share.site for share in regions_seen.sites} if regions_seen is not None else set()
     by_site: dict[Frame, Counter[int]] = {}
     kernels: dict[Frame, Counter[str]] = {}  # what each site's workers were working in
     spread = 0  # spinning while the dispatcher was at a line that dispatches nothing
+    unseen = 0  # at a line the region probes never saw dispatch
     placed: list[tuple[int, Frame]] = []  # (time, site) of each sample that counts
     for i in np.flatnonzero(known):
         site = sites_of[int(dispatched.stack[i])]
         if site is None or (spinning[i] and site not in working):
             spread += int(spinning[i])
+            continue
+        if seen and site not in seen:
+            unseen += 1
             continue
         by_site.setdefault(site, Counter())[int(dispatched.stack[i])] += 1
         placed.append((int(dispatched.t_ns[i]), site))
@@ -733,6 +764,7 @@ def by_samples(
         f"{n} of {taken} worker samples ({dispatched.rate_hz} Hz) placed by their dispatcher's "
         f"Python stack, read at the sample (eBPF sampler): {whose}"
         + (f"; {spread} spinning while the dispatcher was elsewhere" if spread else "")
+        + (f"; {unseen} at lines the region probes never saw dispatch" if unseen else "")
         + ("" if n == taken else "; the rest is spread in proportion")
     )
     if regions_seen is not None:

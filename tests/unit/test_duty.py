@@ -180,8 +180,9 @@ def test_worker_time_is_clipped_to_the_on_times() -> None:
 
 def test_worker_time_before_an_on_times_first_region_goes_to_no_region() -> None:
     """On-times (0, 100) and (200, 300), one region seen in each, at 10 and 210. Worker time
-    at 200-208 ran before the second on-time's first region: a region entered while the probes
-    were off owns it, not the one at 10 from the on-time before."""
+    at 200-210 ran before the second on-time's first region (the slice at 200-208 and the
+    first part of the one at 90-230): a region entered while the probes were off owns it, not
+    the one at 10 from the on-time before, nor the one at 210 after it."""
 
     def ns(values: list[int]) -> np.ndarray:
         return np.array(values, dtype=np.int64)
@@ -202,7 +203,30 @@ def test_worker_time_before_an_on_times_first_region_goes_to_no_region() -> None
         region_on=((0, 100), (200, 300)),
     )
     worker_ns = _worker_time_per_region(sched, {7}, ns([10, 210]), (0, 300))
-    assert worker_ns.tolist() == [50.0, 50.0]
+    assert worker_ns.tolist() == [50.0, 40.0]
+
+
+def test_a_slice_across_regions_is_split_among_them() -> None:
+    """A worker that spins between regions stays on its CPU across them: one slice from 0 to
+    1000 over regions starting at 100, 110, 400 and 900 gives each the time from its start to
+    the next start, and the time before the first to none."""
+    starts = np.array([100, 110, 400, 900], dtype=np.int64)
+    sched = EbpfData(
+        threads={},
+        wakeups=(),
+        slice_tid=np.array([7, 7], dtype=np.int64),
+        slice_start=np.array([0, 950], dtype=np.int64),
+        slice_end=np.array([940, 1000], dtype=np.int64),
+        slice_voluntary=np.array([0, 0], dtype=np.int64),
+        region_tid=np.array([1, 1, 1, 1], dtype=np.int64),
+        region_start=starts,
+        region_end=starts + 5,
+        region_requested=np.zeros(4, dtype=np.int64),
+        lost=0,
+        uprobes_attached=True,
+    )
+    worker_ns = _worker_time_per_region(sched, {7}, starts, (0, 1000))
+    assert worker_ns.tolist() == [10.0, 290.0, 500.0, 90.0]
 
 
 def test_the_duty_follows_the_rate_the_on_times_see() -> None:

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from profkit.analysis.activity import SPIN, classify_stack
-from profkit.analysis.attribution import MIN_DISPATCHED_SAMPLES, attribute, by_samples
+from profkit.analysis.attribution import (
+    MIN_DISPATCHED_SAMPLES,
+    Attribution,
+    SiteShare,
+    attribute,
+    by_samples,
+)
 from profkit.bundle.read import DispatchedSamples, EbpfData, Frame, PerfSamples, PyStack
 
 FILE = "/srv/app.py"
@@ -127,6 +133,30 @@ def test_spin_while_the_dispatcher_sleeps_is_spread_as_the_work() -> None:
     # Without the native stacks the sleep's line is a site of its own.
     blind = by_samples(sched, WORKERS, 1.0, WINDOW, [])
     assert blind is not None and SLEEP in {s.site for s in blind.sites}
+
+
+def test_a_stray_working_sample_at_the_sleep_does_not_make_it_a_site() -> None:
+    """One sample at the sleep's line counted as work (a lock in the C library, a stack that
+    did not unwind) made all the spin there a site of its own. Where the region probes saw
+    which lines dispatch, those are the sites."""
+    stacks = [0] * 20 + [1] * 60 + [2] * 41 + [1] * 20
+    spinning = [False] * 80 + [True] * 40 + [False] + [True] * 20
+    sched = sched_with(stacks)
+    native = native_for(sched, spinning)
+    fooled = by_samples(sched, WORKERS, 1.0, WINDOW, [], native=native)
+    assert fooled is not None and SLEEP in {s.site for s in fooled.sites}
+    seen = by_stack_regions(SITE_A, SITE_B)
+    result = by_samples(sched, WORKERS, 1.0, WINDOW, [], seen, native=native)
+    assert result is not None
+    assert {s.site: s.samples for s in result.sites} == {SITE_A: 20, SITE_B: 80}
+    assert "41 at lines the region probes never saw dispatch" in result.reason
+    assert result.labelled_share == pytest.approx(100 / 141)
+
+
+def by_stack_regions(*sites: Frame) -> Attribution:
+    """The stack method's answer from a few regions: the lines the region probes saw."""
+    shares = tuple(SiteShare(site, None, "", 1 / len(sites), 0.0, 3, 0, None) for site in sites)
+    return Attribution("stack", "", 1.0, 1.0, shares, regions=3 * len(sites))
 
 
 def test_openblas_idle_loop_is_spin_not_work() -> None:
