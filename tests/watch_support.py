@@ -89,6 +89,20 @@ class AgentProcess:
     def metrics(self) -> str:
         return http_get(self.url)
 
+    def wait_for(self, ready: Callable[[str], bool], timeout: float = 300.0) -> str:
+        """The metrics once ready(metrics) holds. The probe's load (a bcc compile, the return
+        sites' decoding) takes whatever CPU a busy machine leaves it: the timeout guards against
+        a hang, it measures nothing."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"watch exited {self.process.returncode}: {self.output}")
+            metrics = self.metrics()
+            if ready(metrics):
+                return metrics
+            time.sleep(0.5)
+        raise AssertionError(f"watch's metrics never got ready in {timeout} s: {self.output}")
+
     def terminate(self, timeout: float = 5.0, sig: int = signal.SIGTERM) -> tuple[int, float]:
         """SIGTERM (or sig); (exit status, seconds it took). Killed, and the test fails, past
         timeout."""
