@@ -59,8 +59,33 @@ def task_dir(pid: int, tid: int | None = None) -> Path:
     return PROC / str(pid) if tid is None else PROC / str(pid) / "task" / str(tid)
 
 
+def _task_file(pid: int, tid: int | None, name: str) -> str:
+    return f"/proc/{pid}/{name}" if tid is None else f"/proc/{pid}/task/{tid}/{name}"
+
+
+def _read_small(path: str) -> str:
+    """A small /proc file in one read: these files are read per thread, and a target may hold
+    tens of thousands of threads."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
 def read_stat(pid: int, tid: int | None = None) -> TaskStat:
-    return parse_stat((task_dir(pid, tid) / "stat").read_text())
+    return parse_stat(_read_small(_task_file(pid, tid, "stat")))
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Each thread's command name (comm); a thread gone meanwhile is left out."""
+    names = {}
+    for tid in list_tids(pid):
+        try:
+            names[tid] = _read_small(_task_file(pid, tid, "comm")).removesuffix("\n")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return names
 
 
 @dataclass(frozen=True)
@@ -140,17 +165,6 @@ def read_environ(pid: int) -> dict[str, str]:
         if sep:
             env[key] = value
     return env
-
-
-def mapped_files(pid: int) -> list[str]:
-    """Distinct file paths mapped into the process, in first-seen order."""
-    seen: dict[str, None] = {}
-    with open(PROC / str(pid) / "maps") as maps:
-        for line in maps:
-            parts = line.split(None, 5)
-            if len(parts) == 6 and parts[5].startswith("/"):
-                seen.setdefault(parts[5].rstrip("\n").removesuffix(" (deleted)"), None)
-    return list(seen)
 
 
 def boot_relative_seconds(start_ticks: int) -> float:

@@ -4,7 +4,7 @@ Where the eBPF programs were loaded through libbpf (no bcc on the node), the nat
 addresses are named here: the mapped file from /proc/PID/maps, the function from the file's
 ELF symbol table (.symtab, else .dynsym), read with numpy in one pass per file (libtorch's
 symbol table holds some hundred thousand functions), and the kernel's from /proc/kallsyms.
-Files are read as the target maps them (/proc/PID/map_files), each at most once.
+Files are read as the target maps them (host/mapped.py), each at most once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import BinaryIO
 import numpy as np
 
 from .elf import open_elf, read_symbol_table
-from .pyruntime.elf import Mapping, read_maps, target_file_path
+from .mapped import Mapping, UnverifiedFile, checked_path, read_maps
 
 KERNEL_DSO = "[kernel.kallsyms]"
 UNKNOWN = "[unknown]"
@@ -165,7 +165,7 @@ class ProcessSymbols:
             self._all = []
         self._maps = sorted((m for m in self._all if "x" in m.perms), key=lambda m: m.start)
         self._starts = [m.start for m in self._maps]
-        self._files: dict[str, FileSymbols | None] = {}
+        self._files: dict[tuple[int, int], FileSymbols | None] = {}
         self._kernel: KernelSymbols | None = None
         self._seen: dict[tuple[bool, int], tuple[str, str]] = {}
 
@@ -200,10 +200,12 @@ class ProcessSymbols:
         mapping = self._maps[index]
         if not mapping.path.startswith("/"):
             return UNKNOWN, mapping.path or UNKNOWN
-        if mapping.path not in self._files:
-            self._files[mapping.path] = read_file_symbols(
-                target_file_path(self._pid, self._all, mapping.path)
-            )
-        symbols = self._files[mapping.path]
+        key = (mapping.device, mapping.inode)
+        if key not in self._files:
+            try:
+                self._files[key] = read_file_symbols(checked_path(self._pid, mapping))
+            except UnverifiedFile:
+                self._files[key] = None
+        symbols = self._files[key]
         name = symbols.name_at(address - mapping.start + mapping.offset) if symbols else None
         return name or UNKNOWN, mapping.path

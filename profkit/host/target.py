@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from ..errors import NoSuchProcess, NotPythonTarget, PermissionDenied, TargetChanged
 from . import procfs
+from .mapped import MappedFile, UnverifiedFile, mapped_files
 
 THREAD_ENV_VARS = (
     "OMP_NUM_THREADS",
@@ -40,7 +41,16 @@ TORCH_MARKER = re.compile(r"/torch/lib/libtorch_cpu\.so")
 @dataclass(frozen=True)
 class Runtime:
     name: str
-    path: str
+    path: str  # as the target's maps name it: shown, never opened
+    # The mapped file itself, to read and probe (host/mapped.py); None in a saved bundle.
+    file: MappedFile | None = field(default=None, compare=False)
+
+    def readable(self) -> str:
+        """A path that reaches the mapped file itself, checked now (host/mapped.py); raises
+        UnverifiedFile where it cannot be."""
+        if self.file is None:
+            raise UnverifiedFile(f"{self.path}: recorded, not mapped")
+        return self.file.checked()
 
     @property
     def bundled_by_torch(self) -> bool:
@@ -121,16 +131,17 @@ def inspect(pid: int, *, require_python: bool = True) -> Target:
         raise PermissionDenied(f"cannot inspect pid {pid}: {_denied()}") from exc
     except OSError:
         exe = ""  # kernel threads have no executable
-    files = _read_or_raise(pid, procfs.mapped_files, "memory maps")
+    mapped = _read_or_raise(pid, mapped_files, "memory maps")
+    files = list(dict.fromkeys(f.path for f in mapped))
     is_python = any(m.search(path) for m in PYTHON_MARKERS for path in [exe, *files])
     if require_python and not is_python:
         raise NotPythonTarget(f"pid {pid} ({Path(exe).name or stat.comm}) is not a Python process")
     torch_lib = next((p for p in files if TORCH_MARKER.search(p)), None)
     runtimes = tuple(
-        Runtime(name, path)
-        for path in files
+        Runtime(name, file.path, file)
+        for file in mapped
         for name, pattern in RUNTIME_PATTERNS
-        if pattern.search(path)
+        if pattern.search(file.path)
     )
     try:
         environ = procfs.read_environ(pid)

@@ -21,7 +21,8 @@ from dataclasses import replace
 
 from ...bundle.parts import EBPF, NATIVE, CollectorResult
 from ...bundle.safefile import write_new
-from ...host.target import Target
+from ...host.mapped import UnverifiedFile
+from ...host.target import Runtime, Target
 from ..budget import REGION_PROBE_PART
 from ..collectors.base import Availability, CaptureContext
 from . import libbpf
@@ -149,7 +150,7 @@ class EbpfCollector:
         # and the program loaded side by side: each takes a fraction of a second. The
         # tracepoints are part of the one program, so their decision comes before the load.
         with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
-            found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
+            found = [pool.submit(self._find_probes, i, r) for i, r in enumerate(runtimes)]
             flags = self._prepare_walker(target, context.options.python_stacks != "off")
             self.sched_decision = decide_sched(context, switches)
             if not self.sched_decision.traced:
@@ -176,6 +177,15 @@ class EbpfCollector:
             )
             self._loaded = load(self.loader, request, found)
         self._attach_found()
+
+    def _find_probes(self, index: int, runtime: Runtime) -> RuntimeProbes | None:
+        """One copy's probe points; a copy that cannot be read as the target maps it is left
+        out with a note naming only the target's own name for it."""
+        try:
+            return find_probes(index, runtime)
+        except UnverifiedFile as exc:
+            self.warnings.append(f"no region probes: {exc}")
+            return None
 
     def _attach_found(self) -> None:
         """What the load attached into the record, then every copy's region probes."""
@@ -243,7 +253,7 @@ class EbpfCollector:
             print_source=self.print_programs,
         )
         with ThreadPoolExecutor(max(1, min(4, len(runtimes)))) as pool:
-            found = [pool.submit(find_probes, i, r) for i, r in enumerate(runtimes)]
+            found = [pool.submit(self._find_probes, i, r) for i, r in enumerate(runtimes)]
             self._loaded = load(self.loader, request, found)
         self._attach_found()
 
@@ -456,6 +466,12 @@ class EbpfCollector:
         finally:
             self.cleanup()
         self.warnings += tables.warnings
+        over = tables.python.get("threads_over_capacity")
+        if isinstance(over, int) and over:
+            self.warnings.append(
+                f"{over} Python threads past the stack walker's thread map: their own stacks "
+                "are not read (the pool's sites come from the threads it holds)"
+            )
         self.slices, self.regions = tables.slices, tables.regions
         if self._on_ns:
             self.region_outcome = replace(

@@ -40,7 +40,7 @@ class BccRegionProbes:
         try:
             for probe in probes:
                 before = set(self._bpf.uprobe_fds)
-                where: dict[str, object] = {"name": probe.path, "pid": self._pid}
+                where: dict[str, object] = {"name": probe.target_path(), "pid": self._pid}
                 if probe.address is not None:
                     where["addr"] = probe.address
                 else:
@@ -72,15 +72,16 @@ class CoreRegionProbes:
         # links: a link's close waits for the kernel's grace period once, whatever it holds.
         groups: dict[tuple[bool, str, str, bool], list[tuple[int, int]]] = {}
         for probe in probes:
+            path = probe.target_path()
             address = probe.address
             if address is None:
-                address = symbol_address(probe.path, probe.symbol)
+                address = symbol_address(path, probe.symbol)
                 if address is None:
                     raise LookupError(f"{probe.symbol} is not in {probe.path}")
             program = "on_region_entry" if probe.entry else END_PROGRAM
             cookie = entry_cookie(probe.runtime, probe.requested_arg) if probe.entry else 0
-            groups.setdefault((probe.entry, program, probe.path, probe.retprobe), []).append(
-                (file_offset(probe.path, address), cookie)
+            groups.setdefault((probe.entry, program, path, probe.retprobe), []).append(
+                (file_offset(path, address), cookie)
             )
         added: dict[bool, list[Link]] = {True: [], False: []}
         try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ...host.mapped import MappedFile, UnverifiedFile
 from ...host.target import Runtime
 from .probe_points import ProbePoint, entry_point, gomp_region_end, hit_cost_s
 from .returns import TOOL_ERRORS, function_symbols, return_sites, symbol_address
@@ -93,7 +94,8 @@ class RuntimeProbes:
 class Uprobe:
     """One region probe, as either loader attaches it."""
 
-    path: str
+    path: str  # the file as the target's maps name it: shown, never opened
+    file: MappedFile | None  # the mapped file itself (None: a file of profkit's own choosing)
     address: int | None  # the file's virtual address; None: at `symbol` (its start, or return)
     symbol: str
     entry: bool  # a region's entry (else its end)
@@ -106,14 +108,20 @@ class Uprobe:
     def described(self) -> str:
         return f"{'uretprobe' if self.retprobe else 'uprobe'}:{self.path}:{self.what}"
 
+    def target_path(self) -> str:
+        """The path to hand the kernel: one that reaches the mapped file itself, checked now
+        (host/mapped.py); UnverifiedFile where it cannot be."""
+        return self.file.checked() if self.file is not None else self.path
+
 
 def region_uprobes(copy: RuntimeProbes) -> list[Uprobe]:
     """A copy's probes, the ends first: a region entered between an entry probe and its end
     probe would never be seen to end."""
-    path, index, arg = copy.runtime.path, copy.index, copy.kind.requested_arg
+    path, file = copy.runtime.path, copy.runtime.file
+    index, arg = copy.index, copy.kind.requested_arg
 
     def end(address: int | None, symbol: str, what: str, retprobe: bool = False) -> Uprobe:
-        return Uprobe(path, address, symbol, False, retprobe, index, 0, what)
+        return Uprobe(path, file, address, symbol, False, retprobe, index, 0, what)
 
     probes: list[Uprobe] = []
     if copy.end is not None:
@@ -127,9 +135,13 @@ def region_uprobes(copy: RuntimeProbes) -> list[Uprobe]:
     for entry in copy.entries:
         if entry.point is not None:
             what = f"{entry.address:#x} ({entry.symbol} entry, {entry.point.instruction})"
-            probes.append(Uprobe(path, entry.address, entry.symbol, True, False, index, arg, what))
+            probes.append(
+                Uprobe(path, file, entry.address, entry.symbol, True, False, index, arg, what)
+            )
         else:
-            probes.append(Uprobe(path, None, entry.symbol, True, False, index, arg, entry.symbol))
+            probes.append(
+                Uprobe(path, file, None, entry.symbol, True, False, index, arg, entry.symbol)
+            )
     return probes
 
 
@@ -173,26 +185,30 @@ def find_symbol(path: str, symbol: str) -> tuple[str, int] | None:
 
 
 def find_probes(index: int, runtime: Runtime) -> RuntimeProbes | None:
-    """Where one copy's probes go; None when it has no entry point profkit knows."""
+    """Where one copy's probes go; None when it has no entry point profkit knows. The copy is
+    read as the target maps it (host/mapped.py); UnverifiedFile where it cannot be."""
     kind = KINDS.get(runtime.name)
     if kind is None:
         return None
+    path = runtime.readable() if runtime.file is not None else runtime.path
     try:
         entries: list[Entry] = []
         for wanted in kind.entries:
-            found = find_symbol(runtime.path, wanted)
+            found = find_symbol(path, wanted)
             if found is None:
                 if not entries:
                     return None  # the main entry point is required
                 continue
             symbol, address = found
-            point = entry_point(runtime.path, symbol)
+            point = entry_point(path, symbol)
             entries.append(Entry(symbol, point.address if point else address, point))
-        end = gomp_region_end(runtime.path) if kind.gomp_end else None
+        end = gomp_region_end(path) if kind.gomp_end else None
         returns: list[int] = []
         if end is None:
             for entry in entries:
-                returns += return_sites(runtime.path, entry.symbol) or []
+                returns += return_sites(path, entry.symbol) or []
+    except UnverifiedFile:
+        raise
     except TOOL_ERRORS:
         return None
     return RuntimeProbes(index, runtime, kind, tuple(entries), end, tuple(returns))
@@ -200,10 +216,12 @@ def find_probes(index: int, runtime: Runtime) -> RuntimeProbes | None:
 
 def probeable(runtimes: tuple[Runtime, ...]) -> list[Runtime]:
     """Every mapped copy of a runtime with region entry points, each file once."""
-    seen: set[str] = set()
+    seen: set[object] = set()
     out = []
     for runtime in runtimes:
-        if runtime.name in KINDS and runtime.path not in seen:
-            seen.add(runtime.path)
+        mapping = runtime.file.mapping if runtime.file is not None else None
+        key = (mapping.device, mapping.inode) if mapping is not None else runtime.path
+        if runtime.name in KINDS and key not in seen:
+            seen.add(key)
             out.append(runtime)
     return out

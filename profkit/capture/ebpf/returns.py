@@ -76,10 +76,11 @@ class Instruction:
 MACHINES = {"EM_X86_64": "x86-64", "EM_AARCH64": "aarch64"}
 
 
-def _identity(path: str) -> tuple[str, int, int]:
-    """A file's identity for the caches below: a replaced library is read again."""
+def _identity(path: str) -> tuple[str, int, int, tuple[int, int]]:
+    """A file's identity for the caches below: a replaced library is read again, and a path
+    that reaches another file since (a mapped file's, host/mapped.py) is another key."""
     st = os.stat(path)
-    return path, st.st_size, st.st_mtime_ns
+    return path, st.st_size, st.st_mtime_ns, (st.st_dev, st.st_ino)
 
 
 @contextmanager
@@ -109,7 +110,9 @@ def _elf(path: str) -> Iterator[ELFFile]:
 # A library's tables are read once per process: several entry points of one runtime, and the
 # probe points beside them, all look in the same tables (an OpenBLAS build has 11 700 FDEs).
 @lru_cache(maxsize=16)
-def _extents(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, int], ...]:
+def _extents(
+    path: str, size: int, mtime_ns: int, file_id: tuple[int, int]
+) -> tuple[tuple[int, int], ...]:
     """The address range of every FDE, in .eh_frame and (unstripped builds) .debug_frame."""
     ranges = []
     with _elf(path) as elf:
@@ -148,7 +151,7 @@ SHN_UNDEF = 0
 
 @lru_cache(maxsize=16)
 def _symbols(
-    path: str, size: int, mtime_ns: int
+    path: str, size: int, mtime_ns: int, file_id: tuple[int, int]
 ) -> tuple[dict[str, int], tuple[tuple[int, int], ...]]:
     """Every defined function symbol (dynamic, then, where present, static) by name, the first
     of a name kept; and the extents of those with a size, sorted. pyelftools finds the tables;
@@ -179,12 +182,14 @@ def _symbols(
     return functions, tuple(sorted(sized))
 
 
-def _functions(path: str, size: int, mtime_ns: int) -> dict[str, int]:
-    return _symbols(path, size, mtime_ns)[0]
+def _functions(path: str, size: int, mtime_ns: int, file_id: tuple[int, int]) -> dict[str, int]:
+    return _symbols(path, size, mtime_ns, file_id)[0]
 
 
 @lru_cache(maxsize=16)
-def _plt(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, int], ...]:
+def _plt(
+    path: str, size: int, mtime_ns: int, file_id: tuple[int, int]
+) -> tuple[tuple[int, int], ...]:
     """Address ranges of the PLT sections: stubs that jump to other libraries."""
     with _elf(path) as elf:
         return tuple(
@@ -198,7 +203,7 @@ def _plt(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, int], ...]:
 
 @lru_cache(maxsize=16)
 def _code(
-    path: str, size: int, mtime_ns: int
+    path: str, size: int, mtime_ns: int, file_id: tuple[int, int]
 ) -> tuple[str, bool, tuple[tuple[int, int, int], ...]]:
     """The machine, its byte order, and the executable sections as (address, end, offset)."""
     with _elf(path) as elf:

@@ -7,35 +7,19 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .. import mapped
 from ..elf import MAX_ELF_BYTES, SymbolTable, open_elf, read_symbol_table
+from ..mapped import Mapping
 from .errors import PyRuntimeUnsupported
 
-
-@dataclass(frozen=True)
-class Mapping:
-    start: int
-    end: int
-    perms: str
-    offset: int
-    inode: int
-    path: str
+__all__ = ["ElfSymbols", "Mapping", "load_bias", "load_elf", "read_maps"]
 
 
 def read_maps(pid: int) -> list[Mapping]:
     try:
-        with open(f"/proc/{pid}/maps") as f:
-            text = f.read()
+        return mapped.read_maps(pid)
     except OSError as exc:
         raise PyRuntimeUnsupported(f"cannot read /proc/{pid}/maps: {exc.strerror}") from exc
-    maps = []
-    for line in text.splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) < 5:
-            continue
-        start, end = (int(x, 16) for x in parts[0].split("-"))
-        path = parts[5] if len(parts) == 6 else ""
-        maps.append(Mapping(start, end, parts[1], int(parts[2], 16), int(parts[4]), path))
-    return maps
 
 
 @dataclass(frozen=True)
@@ -84,27 +68,12 @@ def load_elf(path: str) -> ElfSymbols:
     return elf
 
 
-def target_file_path(pid: int, maps: list[Mapping], path: str) -> str:
-    """A path from which to read a file the target has mapped.
-
-    /proc/PID/map_files reaches the very file mapped even when it was replaced or deleted on
-    disk since; /proc/PID/root resolves the name inside the target's mount namespace.
-    """
-    for m in maps:
-        if m.path == path and m.offset == 0:
-            mapped = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
-            if os.path.exists(mapped):
-                return mapped
-            break
-    rooted = f"/proc/{pid}/root{path}"
-    return rooted if os.path.exists(rooted) else path
-
-
-def load_bias(maps: list[Mapping], path: str, elf: ElfSymbols) -> int:
+def load_bias(maps: list[Mapping], file: mapped.MappedFile, elf: ElfSymbols) -> int:
     """Address where the file's vaddr 0 lies in the target (0 for non-PIE executables)."""
     if elf.is_exec:
         return 0
+    own = (file.mapping.device, file.mapping.inode)
     for m in maps:
-        if m.path == path and m.offset == 0:
+        if (m.device, m.inode) == own and m.offset == 0:
             return m.start - elf.first_load_vaddr
-    raise PyRuntimeUnsupported(f"{path}: no mapping of file offset 0")
+    raise PyRuntimeUnsupported(f"{file.path}: no mapping of file offset 0")

@@ -15,15 +15,9 @@ import struct
 from dataclasses import dataclass
 from typing import Literal, TypedDict
 
+from .. import mapped
 from ..elf import EM_X86_64
-from .elf import (
-    ElfSymbols,
-    Mapping,
-    load_bias,
-    load_elf,
-    read_maps,
-    target_file_path,
-)
+from .elf import ElfSymbols, Mapping, load_bias, load_elf, read_maps
 from .errors import MemoryReadError, PyRuntimeUnsupported
 from .memory import ProcessMemory, u64_at
 
@@ -159,20 +153,19 @@ def _find_runtime(pid: int, maps: list[Mapping]) -> _Found:
     except OSError as exc:
         raise PyRuntimeUnsupported(f"pid {pid}: cannot read /proc/{pid}/exe: {exc}") from exc
     exe = exe.removesuffix(" (deleted)")
-    candidates: list[str] = []
-    for m in maps:
-        name = os.path.basename(m.path)
-        if re.match(r"libpython3\.\d+[a-z]*\.so", name) and m.path not in candidates:
-            candidates.append(m.path)
+    files = mapped.mapped_files(pid, maps)
+    candidates = [
+        f for f in files if re.match(r"libpython3\.\d+[a-z]*\.so", os.path.basename(f.path))
+    ]
     # A statically linked interpreter carries the runtime in the executable itself.
-    candidates.append(exe)
-    for path in candidates:
+    candidates += [f for f in files if f.path == exe]
+    for file in candidates:
         try:
-            elf = load_elf(target_file_path(pid, maps, path))
+            elf = load_elf(file.checked())
         except (OSError, ValueError):
             continue
         if elf.lookup("_PyRuntime") is not None:
-            return _Found(path, elf, load_bias(maps, path, elf))
+            return _Found(file.path, elf, load_bias(maps, file, elf))
     raise PyRuntimeUnsupported(
         f"pid {pid}: no _PyRuntime symbol in {exe} or a libpython (not CPython 3, or stripped)"
     )

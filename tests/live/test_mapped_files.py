@@ -1,0 +1,214 @@
+"""A library a target maps is read and probed as the very file mapped, never through its name:
+a target run as nobody maps its own copy of libgomp, then puts at that name a link to a copy
+only root may read (its directory 0700, the file 0600). The region probes must sit on the
+target's copy (the kernel's links name no root-only path, and the regions the target runs are
+counted), root must not open the root-only file at all (inotify watches it), and the bundle
+must not tell the target whether that file is a valid library."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..support import NOBODY, run_profkit
+from .bpf_links import UprobeLink, uprobe_multi_links
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)"),
+]
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+SYSTEM_LIBGOMP = Path("/usr/lib/x86_64-linux-gnu/libgomp.so.1")
+
+# Maps its own copy of libgomp, swaps the name for a link to the root-only file, then runs
+# regions from dispatch_here (GOMP_parallel through ctypes: free(NULL) on two threads).
+TARGET = """
+import ctypes, os, sys, time
+copy, elsewhere = sys.argv[1], sys.stdin.readline().strip()  # not in its command line
+gomp = ctypes.CDLL(copy)
+libc = ctypes.CDLL(None)
+body = ctypes.cast(libc.free, ctypes.c_void_p)
+gomp.GOMP_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+os.unlink(copy)
+os.symlink(elsewhere, copy)
+def dispatch_here():
+    gomp.GOMP_parallel(body, None, 2, 0)
+print("ready", flush=True)
+while True:
+    for _ in range(20):
+        dispatch_here()
+    time.sleep(0.01)
+"""
+
+IN_ACCESS, IN_OPEN, IN_NONBLOCK = 0x1, 0x20, 0o4000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@contextlib.contextmanager
+def watched(path: Path) -> Iterator[list[bytes]]:
+    """Every open and read of the file while the block runs (inotify), appended at its end."""
+    fd = _libc.inotify_init1(IN_NONBLOCK)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    assert _libc.inotify_add_watch(fd, bytes(path), IN_OPEN | IN_ACCESS) >= 0
+    events: list[bytes] = []
+    try:
+        yield events
+    finally:
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(fd, 4096):
+                events.append(chunk)
+        os.close(fd)
+
+
+@pytest.fixture
+def places() -> Iterator[dict[str, Path]]:
+    top = Path(tempfile.mkdtemp(prefix="profkit-mapped-"))
+    top.chmod(0o755)
+    private = top / "private"
+    private.mkdir(mode=0o700)
+    mine = top / "target"
+    mine.mkdir()
+    os.chown(mine, NOBODY, NOBODY)
+    try:
+        yield {"private": private, "mine": mine}
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def start_target(places: dict[str, Path], valid: bool) -> tuple[subprocess.Popen[str], Path]:
+    hidden = places["private"] / "libgomp.so.1"
+    if hidden.exists():
+        hidden.unlink()
+    if valid:
+        shutil.copyfile(SYSTEM_LIBGOMP, hidden)
+    else:
+        hidden.write_bytes(b"not an ELF file, and only root may read it\n" * 100)
+    hidden.chmod(0o600)
+    copy = places["mine"] / "libgomp.so.1"
+    for old in (copy,):
+        with contextlib.suppress(FileNotFoundError):
+            old.unlink()
+    shutil.copyfile(SYSTEM_LIBGOMP, copy)
+    os.chown(copy, NOBODY, NOBODY)
+    target = subprocess.Popen(
+        [*AS_NOBODY, sys.executable, "-c", TARGET, str(copy)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=places["mine"],
+    )
+    assert target.stdin is not None and target.stdout is not None
+    target.stdin.write(f"{hidden}\n")
+    target.stdin.flush()
+    assert target.stdout.readline() == "ready\n"
+    assert copy.is_symlink() and os.readlink(copy) == str(hidden)
+    return target, copy
+
+
+def capture(pid: int, loader: str, out: Path) -> list[UprobeLink]:
+    """A capture of the target's regions, the probes on all the window; the kernel's
+    multi-uprobe links of the target's pid, read while they were attached."""
+    links: list[UprobeLink] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            mine = [link for link in uprobe_multi_links() if link.pid == pid]
+            if mine:
+                links[:] = mine
+            stop.wait(0.1)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        done = run_profkit(
+            "attach",
+            "--pid",
+            str(pid),
+            "-d",
+            "2",
+            "--collectors",
+            "ebpf,proc",
+            "--ebpf-loader",
+            loader,
+            "--budget",
+            "100",
+            "--no-report",
+            "-o",
+            str(out),
+            timeout=180,
+        )
+    finally:
+        stop.set()
+        poller.join(timeout=10)
+    assert done.returncode == 0, done.stderr
+    return links
+
+
+def outputs(out: Path) -> dict[str, str]:
+    """The bundle's files and the reports made from it, as text."""
+    found = {f.name: f.read_text(errors="replace") for f in out.iterdir() if f.is_file()}
+    for fmt in ("text", "json"):
+        made = run_profkit("report", str(out), "--format", fmt)
+        assert made.returncode == 0, made.stderr
+        found[f"report.{fmt}"] = made.stdout
+    return found
+
+
+def summary(out: Path, copy: Path) -> dict[str, Any]:
+    """What the bundle says of the runtime and its probes, without counts or times."""
+    ebpf = json.loads((out / "ebpf.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {
+        "runtimes": ebpf["runtimes"],
+        "attached": ebpf["attached"],
+        "warnings": [w for w in ebpf["warnings"] if str(copy) in w or "region" in w],
+        "target_runtimes": manifest["target"].get("runtimes"),
+        "collectors": {k: v["status"] for k, v in manifest["collectors"].items()},
+    }
+
+
+@pytest.mark.parametrize("loader", ["core", "bcc"])
+def test_a_library_swapped_for_a_link_is_probed_as_mapped(
+    tmp_path: Path, places: dict[str, Path], loader: str
+) -> None:
+    summaries = []
+    for valid in (True, False):
+        target, copy = start_target(places, valid)
+        out = tmp_path / f"{loader}-{valid}"
+        try:
+            with watched(places["private"] / "libgomp.so.1") as opened:
+                links = capture(target.pid, loader, out)
+        finally:
+            target.kill()
+            target.wait(timeout=20)
+        assert opened == [], "root opened or read the file only root may read"
+        ebpf = json.loads((out / "ebpf.json").read_text())
+        (runtime,) = ebpf["runtimes"]
+        assert runtime["path"] == str(copy), runtime
+        # The regions the target runs are counted: the probes sit on the code it runs.
+        assert len(ebpf["regions"]["tid"]) > 50, ebpf["warnings"]
+        stacks = ebpf["python"]["stacks"]
+        sites = {stacks[i]["frames"][-1]["function"] for i in ebpf["regions"]["stack"] if i >= 0}
+        assert sites == {"dispatch_here"}, sites
+        if loader == "core":
+            # The kernel's own account of what it probes: the target's copy, deleted.
+            assert links, "no multi-uprobe link of the target's pid was seen"
+            assert {link.path for link in links} == {f"{copy} (deleted)"}, links
+        for name, text in outputs(out).items():
+            assert str(places["private"]) not in text, name
+        summaries.append(summary(out, copy))
+    # Whether the file only root may read is a library or not changes nothing in the bundle.
+    assert summaries[0] == summaries[1]
