@@ -94,7 +94,7 @@ def stack_info(spans: PythonSamples, stack_id: int) -> StackInfo:
     frames = [spans.frames[i] for i in spans.stacks[stack_id]]
     in_region = any(is_openmp_frame(f.function, f.file) for f in frames)
     python = [f for f in frames if f.is_python]
-    site = Frame(python[-1].file, python[-1].function, python[-1].line) if python else None
+    site = python[-1].located() if python else None
     return StackInfo(in_region, site, aten_op([f.function for f in frames]))
 
 
@@ -481,7 +481,7 @@ def by_stack(
     for index in np.unique(stacks[known]):
         frames = sched.python_stacks[int(index)].frames
         inner = frames[-1]
-        site_of[int(index)] = Frame(inner.file, inner.function, inner.line)
+        site_of[int(index)] = inner.located()
     weights: dict[Frame, float] = {}
     regions: Counter[Frame] = Counter()
     # The stack that dispatched most of a site's regions stands for the site.
@@ -694,7 +694,7 @@ def by_samples(
 
     def site_of(index: int) -> Frame | None:
         frames = stacks[index].frames
-        return Frame(frames[-1].file, frames[-1].function, frames[-1].line) if frames else None
+        return frames[-1].located() if frames else None
 
     sites_of = {int(i): site_of(int(i)) for i in np.unique(dispatched.stack[known])}
     working = {sites_of[int(i)] for i in dispatched.stack[known & ~spinning] if sites_of[int(i)]}

@@ -31,6 +31,7 @@ from typing import TypeVar
 import numpy as np
 
 from ..errors import BadBundle, PermissionDenied, UsageError
+from .names import MAX_TEXT_CHARS, shown
 from .parts import MANIFEST, SCHEMA_VERSION
 
 I64 = np.int64
@@ -112,11 +113,29 @@ def parse(raw: bytes | bytearray, path: Path, corrupt: str) -> object:
     if nesting(raw) > MAX_DEPTH:
         raise BadBundle(f"{path} nests deeper than {MAX_DEPTH} levels; no bundle part does")
     try:
-        return json.loads(raw)
+        return shown_strings(json.loads(raw))
     except RecursionError as exc:  # only where the scan and the parser disagree on invalid JSON
         raise BadBundle(f"{path} nests too deep to parse") from exc
     except ValueError as exc:  # UnicodeDecodeError included
         raise BadBundle(f"{path} {corrupt}: {exc}") from exc
+
+
+_SCALARS = (int, float, bool, type(None))
+
+
+def shown_strings(value: object) -> object:
+    """Every string of a parsed part, keys included, as names.shown() makes it: whatever a
+    bundle holds (a target's names, or text crafted into the file), no output made from it
+    carries a control character or an unbounded string. A column of numbers is passed over."""
+    if isinstance(value, str):
+        return shown(value, MAX_TEXT_CHARS)
+    if isinstance(value, list):
+        if all(type(item) in _SCALARS for item in value):
+            return value
+        return [shown_strings(item) for item in value]
+    if isinstance(value, dict):
+        return {shown(key, MAX_TEXT_CHARS): shown_strings(item) for key, item in value.items()}
+    return value
 
 
 class BundleFiles:

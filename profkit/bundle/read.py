@@ -338,6 +338,7 @@ def _py_frames(stack: Fields) -> tuple[Frame, ...]:
             frame.text("function"),
             frame.integer("line", minimum=None),
             frame.maybe_text("code"),
+            python=True,
         )
         for frame in stack.objects("frames")
     )
@@ -388,7 +389,9 @@ def python_samples_from_ebpf(files: BundleFiles, manifest: Fields) -> PythonSamp
     t_ns = columns["t_ns"]
     rate = int(samples.number("rate_hz", 49))
     return PythonSamples(
-        frames=tuple(Frame(file=f, function=name, line=line) for name, f, line in frames),
+        frames=tuple(
+            Frame(file=f, function=name, line=line, python=True) for name, f, line in frames
+        ),
         stacks=tuple(stacks),
         names={
             tid: thread_names.get(tid, "python")

@@ -8,6 +8,7 @@ import marshal
 import re
 
 from ..analysis.stacks import PYTHON, Node, Stack, Stacks
+from ..bundle.names import folded_frame
 from .proto import profile_pb2
 
 SPEEDSCOPE_SCHEMA = "https://www.speedscope.app/file-format-schema.json"
@@ -21,7 +22,7 @@ def folded(stacks: Stacks) -> str:
     ):
         weight = round(seconds * 1e6)
         if weight > 0 and stack:
-            names = ";".join(node.name.replace(";", ":") for node in stack)
+            names = ";".join(folded_frame(node.name) for node in stack)
             lines.append(f"{names} {weight}")
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..bundle.names import shown
 from .labels import LABELS
 from .profiles import Pusher
 from .series import TargetSeries
@@ -143,7 +144,9 @@ class WatchCollector(Collector):
             for reason, value in s.walk_failures.items():
                 without_stack.add_metric([*labels, reason], value, timestamp=ts)
             for (runtime, name, op), value in s.site_cpu.items():
-                site.add_metric([*labels, runtime, name, op], value, timestamp=ts)
+                # The target's names, already shown() as frames; again here, as every output.
+                site_labels = [*labels, runtime, shown(name), shown(op)]
+                site.add_metric(site_labels, value, timestamp=ts)
             if s._baselines or s.periods:
                 periods.add_metric(labels, s.periods, timestamp=ts)
                 throttled.add_metric(labels, s.throttled_periods, timestamp=ts)

@@ -15,11 +15,12 @@ why, and the call site comes from py-spy as before. Wrong stacks are worse than 
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 
 from ...bundle.frames import Frame
+from ...host import procfs
 from ...host.pyruntime import CodeResolver, Layout, PyRuntimeUnsupported, detect, self_check
 from ...host.pyruntime import thread_states as read_thread_states
 from ...host.targetfs import SourceLines
@@ -33,6 +34,8 @@ NOT_STARTED = 0x7FFF_FFFF
 WALK_COUNTS = ("walked", "no_thread_state", "read_failures", "truncated", "no_python_frame")
 # How often the thread map is refreshed when the probe reports threads it does not know.
 REFRESH_S = 0.5
+# Threads listed a second, at most, when nothing says a new one came (see _watch).
+LISTED_PER_S = 2000
 
 
 def compile_flags(layout: Layout) -> list[str]:
@@ -62,6 +65,9 @@ class PythonWalker:
     refreshes: int = 0
     _bpf: BpfProgram | None = None
     _known: set[int] = field(default_factory=set)
+    _mapped: dict[int, int] = field(default_factory=dict)  # in the kernel's map: their states
+    # Python threads past the thread map's capacity (probes/pywalk.h): their stacks go unread.
+    over_capacity: set[int] = field(default_factory=set)
     _native: set[int] = field(default_factory=set)
     _unmatched: dict[int, int] = field(default_factory=dict)
     _missed: int = 0
@@ -103,8 +109,17 @@ class PythonWalker:
             return  # the target is exiting, or between two thread-list updates: next time
         table = self._bpf["tstates"]
         with self._lock:
-            for tid, tstate in found.items():
-                table[ctypes.c_uint32(tid)] = ctypes.c_uint64(tstate)
+            # The main thread first: where there are more Python threads than the map holds,
+            # the one that most often dispatches keeps its place.
+            for tid, tstate in sorted(found.items(), key=lambda item: item[0] != self.pid):
+                if self._mapped.get(tid) == tstate:
+                    continue  # a thread id reused by a new thread has a new state
+                try:
+                    table[ctypes.c_uint32(tid)] = ctypes.c_uint64(tstate)
+                except Exception:  # the map is full (E2BIG; bcc raises a bare Exception)
+                    self.over_capacity.add(tid)
+                    continue
+                self._mapped[tid] = tstate
             self._known |= set(found)
             # A worker no Python thread was seen waking is placed under the only Python
             # thread, where there is one (probes/pystack.bpf.c, dispatcher_of).
@@ -113,15 +128,29 @@ class PythonWalker:
         self.refreshes += 1
 
     def _watch(self) -> None:
-        """Threads started after attach are looked up when they appear: one listing of the
-        target's tasks each time, the interpreter's thread list only when it changed."""
+        """Threads started after attach are looked up when they appear: the target's tasks are
+        listed when its thread count changes or the probe reports regions of threads it does
+        not know, and at least every max(REFRESH_S, threads / LISTED_PER_S) seconds (listing
+        is a pass over every thread in the kernel); the interpreter's thread list is read only
+        when that finds a thread not seen before."""
+        listed_s, count = 0.0, -1
         while not self._stop.wait(REFRESH_S):
             try:
-                tids = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
+                threads = procfs.read_stat(self.pid).num_threads
             except OSError:
                 return  # the target is gone
             missed = self._count(1)
-            if tids - self._known - self._native or missed > self._missed:
+            # Regions from threads the map lacks call for a fresh look, unless the map is full.
+            grew = missed > self._missed and not self.over_capacity
+            due = time.monotonic() - listed_s >= max(REFRESH_S, threads / LISTED_PER_S)
+            if threads == count and not grew and not due:
+                continue
+            try:
+                tids = set(procfs.list_tids(self.pid))
+            except OSError:
+                return
+            listed_s, count = time.monotonic(), threads
+            if tids - self._known - self._native or grew:
                 self._missed = missed
                 self._refresh()
                 # A thread still unmatched at its second look is not a Python thread (a pool
@@ -131,6 +160,12 @@ class PythonWalker:
                     self._unmatched[tid] = self._unmatched.get(tid, 0) + 1
                     if self._unmatched[tid] >= 2:
                         self._native.add(tid)
+
+    def python_threads(self) -> set[int]:
+        """The Python threads seen in the interpreter's thread list (those since exited
+        included), as the walker keeps its map current."""
+        with self._lock:
+            return set(self._known)
 
     def counts(self) -> dict[str, int]:
         """The kernel's walk outcomes so far (WALK_COUNTS), zero before attach."""
@@ -198,6 +233,7 @@ class PythonWalker:
             "layout": self.layout.source,
             "counts": counts,
             "thread_map_refreshes": self.refreshes,
+            "threads_over_capacity": len(self.over_capacity - set(self._mapped)),
             # Every thread found in the interpreter's thread list: the Python threads, idle or not.
             "threads": sorted(self._known),
             "stacks": stacks,
@@ -213,4 +249,10 @@ def resolve_frame(resolver: CodeResolver, sources: SourceLines, code: int, instr
         # Freed, reused or unreadable since the region: the frame is kept, unnamed.
         return Frame("<unknown>", "<unknown>", 0)
     line = resolver.line(code, instr) or 0
-    return Frame(info.filename, info.qualname or info.name, line, sources.line(info.filename, line))
+    return Frame(
+        info.filename,
+        info.qualname or info.name,
+        line,
+        sources.line(info.filename, line),
+        python=True,
+    )
