@@ -55,16 +55,17 @@ def cpu_window(proc: ProcSeries, window: tuple[int, int]) -> CpuWindow:
     ticks = proc.clock_ticks
     process_first = proc.process_ticks[proc.process_t_ns == first][0]
     process_last = proc.process_ticks[proc.process_t_ns == last][0]
-    in_window = (proc.t_ns >= first) & (proc.t_ns <= last)
-    threads = []
-    for tid in np.unique(proc.tid[in_window]):
-        rows = in_window & (proc.tid == tid)
-        t_rows, values = proc.t_ns[rows], proc.cpu_ticks[rows]
-        # A thread born inside the window started from zero; one that exited keeps its last value.
-        start_value = values[0] if t_rows[0] == first else 0
-        threads.append(
-            ThreadCpu(
-                int(tid), proc.names.get(int(tid), "?"), float(values[-1] - start_value) / ticks
-            )
-        )
-    return CpuWindow(first, last, float(process_last - process_first) / ticks, tuple(threads))
+    rows = np.flatnonzero((proc.t_ns >= first) & (proc.t_ns <= last))
+    # Each thread's rows together, in time order: its first and last row in the window, in one
+    # pass however many threads the target holds.
+    rows = rows[np.lexsort((proc.t_ns[rows], proc.tid[rows]))]
+    tids, starts, counts = np.unique(proc.tid[rows], return_index=True, return_counts=True)
+    t_rows, values = proc.t_ns[rows], proc.cpu_ticks[rows]
+    # A thread born inside the window started from zero; one that exited keeps its last value.
+    start_values = np.where(t_rows[starts] == first, values[starts], 0)
+    seconds = (values[starts + counts - 1] - start_values) / ticks
+    threads = tuple(
+        ThreadCpu(int(tid), proc.names.get(int(tid), "?"), float(cpu))
+        for tid, cpu in zip(tids, seconds, strict=True)
+    )
+    return CpuWindow(first, last, float(process_last - process_first) / ticks, threads)

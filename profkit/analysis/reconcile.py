@@ -73,7 +73,8 @@ def reconcile(
         for t in cpu.threads
     )
     python_part = native_part = sampled = 0.0
-    for share in (t for t in threads if t.role == PYTHON):
+    # A thread without CPU in the window adds nothing to any part (a target can hold thousands).
+    for share in (t for t in threads if t.role == PYTHON and t.cores > 0):
         fraction_python, coverage = 1.0, 0.0
         if spans is not None:
             _, times, stacks, seconds = expand_weighted(spans, {share.tid})

@@ -61,7 +61,7 @@ def plan_capture(
         notes.append(f"note: pid {target.pid} has no torch loaded; capturing anyway")
     probes = "ebpf" in runnable and EbpfCollector().available(target).ok
     options, rate_hz = plan_pyspy(target, options, rate_hz, probes)
-    if options.pyspy_mode_reason:
+    if options.pyspy_mode_reason and "pyspy" in runnable:
         notes.append(f"py-spy goes --nonblocking: {options.pyspy_mode_reason}")
     return CapturePlan((*runnable, *unavailable), unavailable, rate_hz, options, tuple(notes))
 

@@ -166,6 +166,8 @@ class RegionProbe:
         c = self._collector
         if c is None or c.walker is None or c.walker.layout is None:
             return None
+        if c.walker.running:
+            return c.walker.python_threads()  # kept current by the walker itself
         try:
             return set(read_thread_states(self.target.pid, c.walker.layout))
         except (PyRuntimeUnsupported, OSError):

@@ -12,6 +12,7 @@ name, as OpenMP workers do (the inference `report` makes without perf or eBPF da
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections import Counter
@@ -19,8 +20,8 @@ from dataclasses import dataclass, field
 
 from ..analysis.attribution import resolve_op
 from ..errors import ProfkitError
-from ..host import procfs
-from ..host.target import Target, inspect, pool_threads
+from ..host import mapped, procfs
+from ..host.target import Runtime, Target, inspect, pool_threads
 from .probe import Frame, NoProbe, RegionProbe, StackCounts
 
 POOL_NAME = {"libgomp": "openmp", "libiomp5": "openmp"}
@@ -70,6 +71,9 @@ class ProcessWindow:
 
 # The walker's outcomes that leave a region without a stack (capture/ebpf/pywalk.py WALK_COUNTS;
 # "truncated" stacks still carry their innermost frames, and so their site).
+# Threads whose /proc stat the agent reads a second, at most, in its full reads (as the /proc
+# collector of a capture, capture/collectors/procstat.py): a target's thread count is its own.
+THREAD_READS_PER_S = 200
 WALK_FAILURES = ("no_thread_state", "read_failures", "no_python_frame")
 
 
@@ -77,15 +81,16 @@ def _regions_with_frames(stacks: dict[int, tuple[StackCounts, tuple[Frame, ...]]
     return sum(counts.regions for counts, frames in stacks.values() if frames)
 
 
-def _code_ranges(pid: int, path: str) -> list[tuple[int, int]]:
-    ranges = []
-    with open(f"/proc/{pid}/maps") as maps:
-        for line in maps:
-            parts = line.split(None, 5)
-            if len(parts) == 6 and "x" in parts[1] and parts[5].rstrip("\n") == path:
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                ranges.append((start, end))
-    return ranges
+def _code_ranges(pid: int, runtime: Runtime) -> list[tuple[int, int]]:
+    """Where the runtime's code is mapped: its file's executable mappings (by device and
+    inode where the file is known, host/mapped.py; a name can be shared)."""
+    own = runtime.file.mapping if runtime.file is not None else None
+    return [
+        (m.start, m.end)
+        for m in mapped.read_maps(pid)
+        if "x" in m.perms
+        and ((m.device, m.inode) == (own.device, own.inode) if own else m.path == runtime.path)
+    ]
 
 
 def _user_pc(pid: int, tid: int) -> tuple[int, int] | None:
@@ -125,6 +130,8 @@ class WatchedProcess:
     _runtime_code: list[tuple[int, int]] = field(default_factory=list)
     _last_s: float = 0.0
     _python_tids: set[int] = field(default_factory=set)
+    _full_read_s: float = -math.inf  # when every thread's CPU was last read
+    _active: set[int] = field(default_factory=set)  # threads with CPU at that read
     # The probe loads on the agent's loader thread (a compile takes seconds): windows close
     # from /proc alone until it is ready, and a process closed meanwhile has its probe
     # detached by the loader as soon as the load ends.
@@ -193,7 +200,7 @@ class WatchedProcess:
         rt = self.target.openmp_runtime
         if rt is not None:
             with contextlib.suppress(OSError):
-                self._runtime_code = _code_ranges(self.pid, rt.path)
+                self._runtime_code = _code_ranges(self.pid, rt)
         self._regions = self.probe.regions()
         stacks = self.probe.stacks()
         self._stacks = {i: c.region_ns for i, (c, _) in stacks.items()}
@@ -227,14 +234,31 @@ class WatchedProcess:
         return not procfs.read_image(self.pid).same_program_run(self.target.image)
 
     def _read_threads(self) -> dict[int, float]:
-        cpu: dict[int, float] = {}
-        for tid in procfs.list_tids(self.pid):
+        """Each thread's cumulative CPU. Every thread is listed and read at most once every
+        threads / THREAD_READS_PER_S seconds; in between, only those that used CPU at the last
+        full read and the pool's workers are. A thread left unread keeps its last value, so its
+        CPU counts in the window that reads it next (a new thread's, from its start): none is
+        lost."""
+        now = time.monotonic()
+        full = now - self._full_read_s >= len(self._cpu) / THREAD_READS_PER_S
+        # Listing the threads is itself a pass over all of them in the kernel: full reads only.
+        tids = procfs.list_tids(self.pid) if full else list(self._cpu)
+        alive = set(tids)
+        cpu = {tid: c for tid, c in self._cpu.items() if tid in alive}
+        wanted = tids if full else [t for t in tids if t in self._active or t in self._workers]
+        for tid in wanted:
             try:
                 stat = procfs.read_stat(self.pid, tid)
             except (FileNotFoundError, ProcessLookupError):
+                cpu.pop(tid, None)
                 continue
             cpu[tid] = stat.cpu_seconds
             self._names[tid] = stat.comm
+        if full:
+            self._full_read_s = now
+            self._active = {t for t, c in cpu.items() if c > self._cpu.get(t, 0.0)}
+        for gone in set(self._names) - set(cpu):
+            del self._names[gone]
         return cpu
 
     def _classify(self, tids: list[int]) -> None:
@@ -291,7 +315,7 @@ class WatchedProcess:
         python_threads = {
             f"{self._names.get(t, '?')} ({t})": d
             for t, d in deltas.items()
-            if t in self._python_tids
+            if t in self._python_tids and d > 0
         }
         others = {
             f"{self._names.get(t, '?')} ({t})": d
@@ -364,7 +388,7 @@ class WatchedProcess:
 def site_key(frames: tuple[Frame, ...]) -> SiteKey:
     inner = frames[-1]
     op, _ = resolve_op(Counter(), [], inner.code)
-    return SiteKey(Frame(inner.file, inner.function, inner.line), op or "")
+    return SiteKey(inner.located(), op or "")
 
 
 def probed_fraction(ready_s: float, window_start_s: float, now_s: float) -> float:

@@ -33,11 +33,16 @@ def test_auto_mode_and_the_default_rate_come_from_the_budget() -> None:
 
 def test_a_tiny_budget_sends_pyspy_nonblocking_and_says_why() -> None:
     options = CaptureOptions(budget=Budget(fraction=0.001), pyspy_mode="auto")
-    plan = plan_capture(this_process(65), "proc", 7, options)
+    plan = plan_capture(this_process(65), "proc,pyspy", 7, options)
     assert plan.options.pyspy_mode == "nonblocking"
     assert plan.rate_hz == 7, "a rate asked for is kept"
     assert plan.notes[-1].startswith("py-spy goes --nonblocking: ")
     assert "0.1% budget" in plan.notes[-1]
+    # Without py-spy in the set the mode is still planned (the manifest records it), but a
+    # note about a tool that does not run would mislead.
+    plan = plan_capture(this_process(65), "proc", 7, options)
+    assert plan.options.pyspy_mode == "nonblocking"
+    assert not any("py-spy" in note for note in plan.notes), plan.notes
 
 
 @pytest.mark.parametrize("mode", ["native", "nonblocking"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 
 from ...bundle.parts import PROC, CollectorResult, CollectorStatus
 from ...bundle.safefile import write_new
@@ -32,6 +33,13 @@ THREAD_INTERVAL_S = 1.0
 # recipe a share of its requests that showed
 # (docs/results/own-cost.md#profkits-own-cpu-in-the-window).
 THREAD_READS_PER_S = 200
+# Descriptors kept open for re-reading, at most: a target's thread count is its own to choose
+# (a thread-per-request server holds thousands), and a descriptor per thread and file ran a
+# capture out of its open-file limit. Files past these are opened, read and closed each time.
+MAX_KEPT_FILES = 256
+# The threads whose schedstat run time and context switches (the cumulative extras) are read
+# at the first and last full sample; the rest have -1 there, as between those samples.
+MAX_EXTRA_THREADS = 1024
 
 
 # schedstat's run time and status's context switches are cumulative and only their window
@@ -39,15 +47,13 @@ THREAD_READS_PER_S = 200
 # the thread list is read again only when the process's thread count changes or a thread's
 # file is gone: on a large front each of those is a pass over every thread, a CPU cost of its
 # own (docs/results/2core-proc-sampler-lean.txt).
+_SWITCHES = re.compile(r"^(voluntary|nonvoluntary)_ctxt_switches:\s*(\d+)", re.MULTILINE)
+
+
 def parse_switches(text: str) -> tuple[int, int]:
     """Voluntary and involuntary context switches from a status file's text."""
-    vcsw = nvcsw = -1
-    for line in text.splitlines():
-        if line.startswith("voluntary_ctxt_switches"):
-            vcsw = int(line.split()[1])
-        elif line.startswith("nonvoluntary_ctxt_switches"):
-            nvcsw = int(line.split()[1])
-    return vcsw, nvcsw
+    found = dict(_SWITCHES.findall(text))
+    return int(found.get("voluntary", -1)), int(found.get("nonvoluntary", -1))
 
 
 class ProcCollector:
@@ -67,6 +73,7 @@ class ProcCollector:
         self._tids: list[int] = []
         self._relist = True
         self._fds: dict[tuple[int | None, str], int] = {}
+        self._extras: set[int] = set()  # the threads whose extras are read
 
     def available(self, target: Target) -> Availability:
         if os.access(procfs.task_dir(target.pid) / "task", os.R_OK):
@@ -95,11 +102,16 @@ class ProcCollector:
             return False  # the target exited
         self.process_rows.append((now_ns, process.utime_ticks, process.stime_ticks))
         for tid in self._tids if full else [pid]:
+            # The cumulative extras, for at most MAX_EXTRA_THREADS threads: two more files
+            # for each of thousands of threads were most of a capture's start and end.
+            extras = ends and (tid in self._extras or len(self._extras) < MAX_EXTRA_THREADS)
             try:
                 text = self._read(pid, tid, "stat")
                 state, utime, stime, cpu = procfs.stat_counters(text)
-                runtime_ns = self._runtime(pid, tid) if ends and self._schedstat else -1
-                vcsw, nvcsw = parse_switches(self._read(pid, tid, "status")) if ends else (-1, -1)
+                runtime_ns = self._runtime(pid, tid) if extras and self._schedstat else -1
+                vcsw, nvcsw = parse_switches(self._read(pid, tid, "status")) if extras else (-1, -1)
+                if extras:
+                    self._extras.add(tid)
             except (FileNotFoundError, ProcessLookupError):
                 self._relist = True
                 continue  # the thread exited between listing and reading
@@ -118,19 +130,28 @@ class ProcCollector:
         """A /proc file of the process (tid None) or of one thread, through a descriptor kept
         open: re-reading an open /proc file gives fresh values, and skipping an open, a close
         and a path per thread per sample is CPU the target keeps (this sampler was most of
-        profkit's own CPU in a window)."""
-        fd = self._fds.get((tid, name))
+        profkit's own CPU in a window). At most MAX_KEPT_FILES are kept; the rest are opened
+        for each read."""
+        key = (tid, name)
+        fd = self._fds.get(key)
+        kept = fd is not None
         if fd is None:
-            fd = os.open(f"{procfs.task_dir(pid, tid)}/{name}", os.O_RDONLY)
-            self._fds[(tid, name)] = fd
+            fd = os.open(f"{procfs.task_dir(pid, tid)}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+            kept = len(self._fds) < MAX_KEPT_FILES
+            if kept:
+                self._fds[key] = fd
         try:
             text = os.pread(fd, 4096, 0).decode(errors="replace")
         except OSError as exc:
-            os.close(self._fds.pop((tid, name)))
-            raise FileNotFoundError(f"thread {tid} is gone") from exc
+            text = ""
+            error: OSError | None = exc
+        else:
+            error = None
+        if not kept or not text:
+            self._fds.pop(key, None)
+            os.close(fd)
         if not text:
-            os.close(self._fds.pop((tid, name)))
-            raise FileNotFoundError(f"thread {tid} is gone")
+            raise FileNotFoundError(f"thread {tid} is gone") from error
         return text
 
     def _forget_exited(self, alive: set[int]) -> None:
@@ -197,5 +218,9 @@ class ProcCollector:
             start_ns=self.process_rows[0][0] if self.process_rows else None,
             end_ns=self.process_rows[-1][0] if self.process_rows else None,
             files=(PROC,),
-            notes={"threads_seen": len(self.names), "target_exited": self._sampler.exhausted},
+            notes={
+                "threads_seen": len(self.names),
+                "target_exited": self._sampler.exhausted,
+                "extras_threads": len(self._extras),
+            },
         )

@@ -233,7 +233,11 @@ def _sampler_line(request: LoadRequest) -> str:
 
 
 def seed_threads(program: BpfProgram | CoreObject, pid: int) -> None:
-    """The target's threads as they are, so that the scheduler's times start from them."""
+    """The target's threads as they are, so that the scheduler's times start from them; as
+    many as the map holds (a target's thread count is its own to choose)."""
     times = program["times"]
     for tid in procfs.list_tids(pid):
-        times[times.Key(tid)] = times.Leaf()
+        try:
+            times[times.Key(tid)] = times.Leaf()
+        except Exception:  # full (E2BIG; bcc raises a bare Exception): the rest start unseen
+            return

@@ -21,13 +21,20 @@ from functools import lru_cache
 
 from .errors import MemoryReadError, PyRuntimeUnsupported
 from .layout import Layout
-from .memory import ProcessMemory
+from .memory import ProcessMemory, u64_at
 
 # Guards against a corrupt (cyclic) list.
 MAX_THREADS = 100_000
 
 # glibc x86-64 has kept struct pthread's tid here for many releases.
 _GLIBC_TID_OFFSET = 0x2D0
+
+
+def _same_pid_namespace(pid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino == os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return False
 
 
 def namespace_tids(pid: int) -> dict[int, int]:
@@ -37,6 +44,10 @@ def namespace_tids(pid: int) -> dict[int, int]:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError as exc:
         raise PyRuntimeUnsupported(f"pid {pid}: cannot list threads: {exc.strerror}") from exc
+    if _same_pid_namespace(pid):
+        # One namespace: the ids agree, and no file per thread need be read (a target's thread
+        # count is its own to choose).
+        return {int(name): int(name) for name in tids}
     for name in tids:
         tid = int(name)
         inner = tid
@@ -49,19 +60,23 @@ def namespace_tids(pid: int) -> dict[int, int]:
     return mapping
 
 
-def tstate_addresses(mem: ProcessMemory, layout: Layout) -> list[int]:
-    """Thread states of the main interpreter, in list order (newest first)."""
+def _tstates(mem: ProcessMemory, layout: Layout) -> list[tuple[int, int]]:
+    """(address, native thread id or -1) of each thread state, newest first: both fields read
+    with the next pointer, one read a thread state (a target may hold tens of thousands)."""
     interp = mem.u64(layout.runtime_addr + layout.interpreters_head)
     if interp == 0:
         return []
-    addrs: list[int] = []
+    native = layout.tstate_native_thread_id
+    span = max(layout.tstate_next, native) + 8
+    found: list[tuple[int, int]] = []
     tstate = mem.u64(interp + layout.interp_threads_head)
     seen: set[int] = set()
-    while tstate and tstate not in seen and len(addrs) < MAX_THREADS:
+    while tstate and tstate not in seen and len(found) < MAX_THREADS:
         seen.add(tstate)
-        addrs.append(tstate)
-        tstate = mem.u64(tstate + layout.tstate_next)
-    return addrs
+        head = mem.read(tstate, span)
+        found.append((tstate, u64_at(head, native) if native >= 0 else -1))
+        tstate = u64_at(head, layout.tstate_next)
+    return found
 
 
 @lru_cache(maxsize=1)
@@ -106,14 +121,23 @@ def thread_states(pid: int, layout: Layout) -> dict[int, int]:
 
     Thread states whose thread has already exited (not yet unlinked) are left out.
     """
-    live = namespace_tids(pid)
     with ProcessMemory(pid) as mem:
-        try:
-            tstates = tstate_addresses(mem, layout)
-            if layout.tstate_native_thread_id >= 0:
-                inner = [mem.u64(t + layout.tstate_native_thread_id) for t in tstates]
-            else:
-                inner = _pthread_tids(mem, layout, tstates, set(live))
-        except MemoryReadError as exc:
-            raise PyRuntimeUnsupported(f"reading thread states failed: {exc}") from exc
-    return {live[tid]: t for tid, t in zip(inner, tstates, strict=True) if tid in live}
+        return listed_thread_states(mem, layout, namespace_tids(pid))[1]
+
+
+def listed_thread_states(
+    mem: ProcessMemory, layout: Layout, live: dict[int, int]
+) -> tuple[int, dict[int, int]]:
+    """How many thread states the interpreter lists, and those of live threads by our tid, from
+    one walk of its list."""
+    try:
+        listed = _tstates(mem, layout)
+        tstates = [address for address, _ in listed]
+        if layout.tstate_native_thread_id >= 0:
+            inner = [native for _, native in listed]
+        else:
+            inner = _pthread_tids(mem, layout, tstates, set(live))
+    except MemoryReadError as exc:
+        raise PyRuntimeUnsupported(f"reading thread states failed: {exc}") from exc
+    found = {live[tid]: t for tid, t in zip(inner, tstates, strict=True) if tid in live}
+    return len(tstates), found

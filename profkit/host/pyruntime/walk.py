@@ -8,7 +8,7 @@ from .code import CodeResolver
 from .errors import MemoryReadError, PyRuntimeUnsupported
 from .layout import Layout
 from .memory import ProcessMemory, i32_at, u64_at
-from .threads import namespace_tids, thread_states, tstate_addresses
+from .threads import listed_thread_states, namespace_tids
 
 # Shim frames are skipped without counting; this bounds how many of them one walk tolerates.
 MAX_SKIPPED = 64
@@ -73,8 +73,14 @@ def _table_units(layout: Layout, table: bytes) -> int:
     return sum(table[0::2]) // 2
 
 
+# Threads walked by one sweep of the self-check: enough to tell a wrong layout (every thread
+# shows it), while a target's thread count, its own to choose, does not set how long it takes.
+CHECKED_THREADS = 64
+
+
 def self_check(pid: int, layout: Layout, attempts: int = 10, sweeps: int = 10) -> None:
-    """Walk every thread from user space and check the offsets produce real code objects.
+    """Walk the threads from user space (the main thread and up to CHECKED_THREADS in all)
+    and check the offsets produce real code objects.
 
     A thread that runs Python code while it is read can change its stack between two reads,
     so a thread's walk is retried up to ``attempts`` times, 2 ms apart.  A thread moving
@@ -106,20 +112,21 @@ def _check_threads(pid: int, layout: Layout, attempts: int) -> int:
     live = namespace_tids(pid)
     with ProcessMemory(pid) as mem:
         try:
-            all_tstates = tstate_addresses(mem, layout)
-        except MemoryReadError as exc:
+            listed, mapped = listed_thread_states(mem, layout, live)
+        except PyRuntimeUnsupported as exc:
             raise PyRuntimeUnsupported(f"self-check: thread list unreadable: {exc}") from exc
-        if not all_tstates:
+        if not listed:
             raise PyRuntimeUnsupported("self-check: the interpreter lists no thread states")
-        mapped = thread_states(pid, layout)
         if not mapped:
             raise PyRuntimeUnsupported(
-                f"self-check: none of {len(all_tstates)} thread states matches one of the "
+                f"self-check: none of {listed} thread states matches one of the "
                 f"{len(live)} threads of pid {pid}"
             )
         resolver = CodeResolver(pid, layout, mem)
         frames = 0
-        for tid, tstate in mapped.items():
+        # The main thread first (the interpreter lists the newest first), then the newest.
+        order = sorted(mapped.items(), key=lambda item: item[0] != pid)[:CHECKED_THREADS]
+        for tid, tstate in order:
             problem = ""
             for attempt in range(attempts):
                 if attempt:
