@@ -31,7 +31,14 @@ from ..bundle.write import (
     torch_version_of,
     write_manifest,
 )
-from ..errors import CaptureFailed, CgroupError, OutputError, ProfkitError, UsageError
+from ..errors import (
+    CaptureFailed,
+    CgroupError,
+    NoSuchProcess,
+    OutputError,
+    ProfkitError,
+    UsageError,
+)
 from ..host import procfs
 from ..host.cgroup import cpu_cgroup
 from ..host.quota import diagnose
@@ -195,9 +202,7 @@ class Session:
     def open(self) -> None:
         """Write the first manifest (what is captured, and how), then start the collectors."""
         request, target = self.request, self.request.target
-        names = {
-            tid: procfs.read_stat(target.pid, tid).comm for tid in procfs.list_tids(target.pid)
-        }
+        names = procfs.thread_names(target.pid)
         manifest = new_manifest(
             target_record(target, names, torch_version_of(target)),
             _quota(target),
@@ -220,6 +225,10 @@ class Session:
         self.tools_cpu_before = tools_cpu_seconds(self.record)
         self._start_collectors(context)
         if not self.running:
+            gone = target_state(target)
+            if gone is not None:
+                # The bundle is marked aborted with each reason, as for any failed start.
+                raise NoSuchProcess(f"pid {target.pid}: {gone} while the collectors started")
             raise CaptureFailed(
                 "no collector could start: "
                 + "; ".join(f"{n}: {r.reason}" for n, r in self.results.items())
@@ -244,7 +253,9 @@ class Session:
             try:
                 collector.start(context)
             except Exception as exc:  # one broken collector must not stop the others
-                self.results[name] = CollectorResult(name, "failed", f"start failed: {exc}"[:300])
+                # A target that went meanwhile fails every reader of its files: say that.
+                why = target_state(request.target) or f"start failed: {exc}"
+                self.results[name] = CollectorResult(name, "failed", why[:300])
                 continue
             self.running[name] = collector
 

@@ -552,6 +552,54 @@ def test_a_target_that_exits_reads_as_such(
     assert manifest["status_reason"] == "the target exited during the capture"
 
 
+# The target exits as the eBPF collector starts (its probes load): every reader of its files
+# then fails, and the one line must say the target exited, not which file was missing.
+EXIT_AS_PROBES_LOAD = """
+import os, signal, sys, time
+from profkit.capture.ebpf import collector
+real = collector.EbpfCollector.start
+def start(self, context):
+    os.kill(context.target.pid, signal.SIGKILL)
+    while os.path.exists(f"/proc/{context.target.pid}/maps"):
+        time.sleep(0.01)
+    return real(self, context)
+collector.EbpfCollector.start = start
+from profkit.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.root
+def test_a_target_that_exits_as_the_probes_load_reads_as_exited(
+    tmp_path: Path, run_dir: dict[str, str]
+) -> None:
+    # Not a child of this test: killed, it is reaped by init, not left a zombie here.
+    sleeper = "import os, time\nprint(os.getpid(), flush=True)\nwhile True: time.sleep(0.05)"
+    with subprocess.Popen(
+        ["setsid", "--fork", SYSTEM_PYTHON, "-c", sleeper], stdout=subprocess.PIPE, text=True
+    ) as starter:
+        assert starter.stdout is not None
+        pid = int(starter.stdout.readline())
+    out = tmp_path / "bundle"
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            EXIT_AS_PROBES_LOAD,
+            *attach_args(pid, duration=5, collectors="ebpf", out=out, report=False),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **run_dir},
+        timeout=120,
+    )
+    assert process.returncode == 3, process.stderr
+    (line,) = process.stderr.strip().splitlines()[-1:]
+    assert line == f"profkit: error: pid {pid}: target exited while the collectors started", line
+    assert json.loads((out / "manifest.json").read_text())["status"] == "aborted"
+
+
 @apply(needs_other_user)
 def test_a_user_profiling_their_own_process_runs_what_they_may(shared_dir: Path) -> None:
     home = shared_dir / "home"
