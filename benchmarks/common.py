@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:  # profkit's eBPF side is imported where a benchmark needs it
-    from profkit.capture.ebpf.loader import BpfProgram
+    from profkit.capture.ebpf.loaders.bcc import BpfProgram
 
 ROOT = Path(__file__).resolve().parent.parent
 FANOUT = ROOT / "recipes" / "shm_fanout.py"
@@ -280,31 +280,30 @@ def libgomp_of(pid: int) -> str:
 def load_region_program(
     bcc: ModuleType, path: str, walker: bool, pid: int = 0, native_stacks: int = 0
 ) -> BpfProgram:
-    """The region program, with the walker reading the threads of pid (this process unless
-    told); with native_stacks, its on-CPU sampler takes every thread's native stacks too."""
-    from profkit.capture.ebpf.programs import OpenMPProgram
-    from profkit.capture.ebpf.pywalk import compile_flags
+    """The process program as bcc compiles it (its text made from probes/process.bpf.c), with
+    the walker reading the threads of pid (this process unless told); with native_stacks, its
+    on-CPU sampler takes every thread's native stacks too. One runtime copy: on_entry_0."""
+    from profkit.capture.ebpf import program
+    from profkit.capture.ebpf.loaders import LoadRequest
+    from profkit.capture.ebpf.loaders.bcc import source_text
     from profkit.host.pyruntime import detect, thread_states
-    from profkit.host.target import Runtime
 
     pid = pid or os.getpid()
-    program = OpenMPProgram(
-        (Runtime("libgomp", path),), tgid=pid, native_stacks=native_stacks
-    ).source()
-    if not walker:
-        return bcc.BPF(text=program)
-    layout = detect(pid)
-    bpf = bcc.BPF(text=program, cflags=compile_flags(layout))
-    table = bpf["tstates"]
-    for tid, tstate in thread_states(pid, layout).items():
-        table[table.Key(tid)] = table.Leaf(tstate)
+    layout = detect(pid) if walker else None
+    capacities = program.Capacities(native_stacks=native_stacks)
+    request = LoadRequest(pid, layout, capacities, 1, (program.entry_cookie(0, 3),))
+    bpf = bcc.BPF(text=source_text(request))
+    if layout is not None:
+        table = bpf["tstates"]
+        for tid, tstate in thread_states(pid, layout).items():
+            table[table.Key(tid)] = table.Leaf(tstate)
     return bpf
 
 
 def region_probe_points(path: str, entries: int | None = None) -> list[tuple[int, str]]:
     """(address, handler) of every probe a capture puts in this libgomp copy: its entry points
     (the first `entries` of them, where given) and the region end."""
-    from profkit.capture.ebpf.regions import find_probes
+    from profkit.capture.ebpf.placement.regions import find_probes
     from profkit.host.target import Runtime
 
     found = find_probes(0, Runtime("libgomp", path))

@@ -3,12 +3,14 @@ row: the sites' shares of the pool's CPU from the workers' samples (the sampled 
 from each bundle whatever method the report chose), against the truth 1/6, 2/6, 3/6.
 
     sudo .venv/bin/python -m benchmarks.paced_sites [--rounds-per-s 833] [--shuffle]
-        [--captures 3] [--duration 6] [--perf-rate 999]
+        [--captures 3] [--duration 6] [--perf-rate 999] [--threads 4] [--mb 0.25]
 
 833 rounds a second of six 256-KB copies are 5 000 regions a second. Without --shuffle the
 first region of each round (site_one's) wakes workers that slept through the pause, and costs
 more than the others; with it, each round runs in a fresh random order and every region costs
-the same on average (recipes/sites.py).
+the same on average (recipes/sites.py). `--rounds-per-s 0`: as fast as the pool goes. Each
+capture's line also says what the region probes did (keep, switch or detach), at what measured
+cost a region, and for how much of the window they were on.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ def main() -> int:
     parser.add_argument("--captures", type=int, default=3)
     parser.add_argument("--duration", type=float, default=6.0)
     parser.add_argument("--perf-rate", default="999")
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--mb", type=float, default=0.25)
     args = parser.parse_args()
     recipe = subprocess.Popen(
         [
             sys.executable,
             str(ROOT / "recipes" / "sites.py"),
-            *("--pool", "torch", "--threads", "4", "--mb", "0.25"),
+            *("--pool", "torch", "--threads", str(args.threads), "--mb", f"{args.mb:g}"),
             *("--rounds-per-s", f"{args.rounds_per_s:g}"),
             *(["--shuffle"] if args.shuffle else []),
         ],
@@ -49,7 +53,10 @@ def main() -> int:
         cwd=ROOT,
     )
     order = "shuffled" if args.shuffle else "in order"
-    print(f"# sites.py, 4 threads, 256-KB copies, {args.rounds_per_s:g} rounds/s, {order}")
+    print(
+        f"# sites.py, {args.threads} threads, {args.mb:g}-MB copies, "
+        f"{args.rounds_per_s:g} rounds/s (0: unpaced), {order}"
+    )
     try:
         time.sleep(3.0)  # torch imported, the pool warm
         with tempfile.TemporaryDirectory() as scratch:
@@ -77,7 +84,18 @@ def main() -> int:
                     None,
                     bundle.perf,
                 )
-                decision = json.loads((out / "ebpf.json").read_text())["regions_decision"]
+                ebpf = json.loads((out / "ebpf.json").read_text())
+                decision = ebpf["regions_decision"]
+                window_s = (bundle.window[1] - bundle.window[0]) / 1e9
+                probed = decision.get("probed_s", window_s if decision["traced"] else 0.0)
+                print(
+                    f"capture {index}: probes {decision['action']} "
+                    f"(measured {decision['cost_per_region_us']} us a region, "
+                    f"{ebpf['costs'].get('region_us', '-')} us over the window), "
+                    f"on {probed:.2f} of {window_s:.2f} s, "
+                    f"{pool.regions} regions, {pool.attribution.method}",
+                    flush=True,
+                )
                 if sampled is None:
                     print(f"capture {index}: no sampled attribution ({pool.attribution.reason})")
                     continue

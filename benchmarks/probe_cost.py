@@ -5,8 +5,8 @@
 This process copies a 256-KB tensor in a loop (one parallel region per copy, a few us each) and
 alternates bare windows with windows where profkit's region program is attached to itself, for
 each probe layout: the symbol and its `ret`s (the old way), and the points
-profkit.capture.ebpf.probe_points chooses, without and with the Python stack walker (the copies run
---depth Python frames deep). Prints the time per copy and the added time per region.
+profkit.capture.ebpf.placement.points chooses, without and with the Python stack walker (the
+copies run --depth Python frames deep). Prints the time per copy and the added time per region.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import load_region_program
-from profkit.capture.ebpf.loader import load_bcc
-from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
-from profkit.capture.ebpf.returns import return_sites
+from profkit.capture.ebpf.loaders.bcc import load_bcc
+from profkit.capture.ebpf.placement.code import return_sites
+from profkit.capture.ebpf.placement.points import entry_point, gomp_region_end
 
 
 def copies_per_s(

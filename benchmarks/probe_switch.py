@@ -25,7 +25,7 @@ from benchmarks.common import (
     region_probe_points,
     running,
 )
-from profkit.capture.ebpf.loader import detach_uprobes, load_bcc
+from profkit.capture.ebpf.loaders.bcc import detach_uprobes, load_bcc
 
 
 def main() -> int:

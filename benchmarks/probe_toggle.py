@@ -72,11 +72,10 @@ from profkit.capture.collectors.cgroupstat import CgroupCollector
 from profkit.capture.collectors.child import ChildTool
 from profkit.capture.collectors.perfrecord import record_args
 from profkit.capture.collectors.procstat import ProcCollector
-from profkit.capture.ebpf.loader import BpfProgram, detach_uprobes, load_bcc
+from profkit.capture.ebpf.collector import NATIVE_STACK_ENTRIES, PYTHON_SAMPLE_HZ
+from profkit.capture.ebpf.loaders.bcc import BpfProgram, detach_uprobes, load_bcc
 from profkit.capture.ebpf.logs import entry_count
-from profkit.capture.ebpf.native import NATIVE_STACK_ENTRIES
-from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
-from profkit.capture.ebpf.programs import PYTHON_SAMPLE_HZ
+from profkit.capture.ebpf.placement.points import entry_point, gomp_region_end
 from profkit.host import procfs
 from profkit.host.target import inspect
 

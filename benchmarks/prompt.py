@@ -48,16 +48,8 @@ def attach(pid: int, duration: float, loader: str) -> dict[str, object]:
         ebpf = json.loads(Path(f"{scratch}/b/ebpf.json").read_text())
     window = manifest["window"]
     decision = ebpf["regions_decision"]
-    reason = str(decision.get("reason", ""))
-    action = (
-        "switched"
-        if "switched" in reason
-        else "detached"
-        if "detached" in reason
-        else "kept"
-        if decision.get("traced")
-        else "none"
-    )
+    # ebpf.json's typed decision; an older bundle's says it only in its reason.
+    action = str(decision.get("action") or ("keep" if decision.get("traced") else "none"))
     return {
         "loader": ebpf["loader"]["name"],
         "prompt_s": seconds,

@@ -1,69 +1,54 @@
 """What one parallel region costs the thread that dispatches it, part by part (root; bcc for
-the bcc parts).
+the bcc parts), and what profkit's own measurement of it says beside that.
 
     sudo .venv/bin/python -m benchmarks.region_cost [--rounds 3] [--seconds 2] [--depth 10]
-        [--loader both|core|bcc] [--program-time]
+        [--loader both|core|bcc]
 
 This process copies a 256-KB tensor in a loop with a pool of 2 (one OpenMP region per copy;
 OMP_WAIT_POLICY=passive, so that no thread spins at the barrier) and measures its own thread's
 CPU time per copy (time.thread_time: user and system time, the uprobe traps included) while
-profkit's region program is attached to it in successively larger parts:
+profkit's process program (probes/process.bpf.c, through each loader) is attached to it in
+successively larger parts:
 
-    entry trap        the entry uprobe, with an empty handler
-    traps             the entry and region-end uprobes, empty handlers
-    regions           profkit's region program without the walker: bookkeeping maps, region log
-    + tstate lookup   the walker's thread-state lookup, no frame read
+    traps             the entry and region-end uprobes, an empty program on each
+    regions           the region programs without the walker: bookkeeping maps, region log
+    + tstate lookup   the walker's thread-state lookup, no frame read (cost_parts)
     + frame walk      the frames read (--depth more under the loop), no stack map updated
-    walker            the whole region program as a capture loads it
+    walker            the region programs as a capture loads them
     + sampler         with the on-CPU sampler (cpu-clock, 49 Hz) on every CPU
-    + scheduler       and the scheduler tracepoints in the same program
-    CO-RE regions     the prebuilt CO-RE program's region probes (libbpf), no thread state known
-    CO-RE walker      the prebuilt CO-RE program's region probes and walker
-    CO-RE + sampler   and its on-CPU sampler
+    + scheduler       and the scheduler's tracepoints
 
-Windows alternate, every part once per round, with two bare windows per round (bare and its
-A/A control); `--loader core` runs the CO-RE parts alone, where bcc is missing. Prints the
-median CPU per copy of each part over the rounds and what each part adds per region against the
-bare median.
-
-`--program-time` turns on the kernel's BPF run-time statistics (kernel.bpf_stats_enabled, put
-back as it was at exit) and prints, for the CO-RE parts, the time spent inside each program per
-run: the part of a region's cost that is profkit's code rather than the traps around it. The
-statistics add two clock reads to every run, so the per-copy figures of such a run are not the
-ones to hold against a bound.
+each as bcc compiles it and as the prebuilt CO-RE object loads (`--loader`). Windows alternate,
+every part once per round, with two bare windows per round (bare and its A/A control). Prints
+the median CPU per copy of each part over the rounds and what each part adds per region against
+the bare median; then, for each loader's whole walker, what profkit itself measures a region to
+cost (costs.py: the traps calibrated, the programs' run time from the kernel's statistics),
+beside the dispatching thread's own figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads its OpenMP runtime
 
 import torch
 
-from profkit.capture.ebpf.core_program import entry_cookie, load_process
-from profkit.capture.ebpf.libbpf import CoreObject
-from profkit.capture.ebpf.loader import BpfProgram, load_bcc
-from profkit.capture.ebpf.probe_points import entry_point, gomp_region_end
-from profkit.capture.ebpf.programs import OpenMPProgram, SchedProgram
-from profkit.capture.ebpf.pywalk import compile_flags
-from profkit.capture.ebpf.returns import file_offset
-from profkit.host.pyruntime import detect, thread_states
+from profkit.capture.ebpf import costs, program
+from profkit.capture.ebpf.loaders import LoaderName, LoadRequest, Program, load
+from profkit.capture.ebpf.placement.code import file_offset
+from profkit.capture.ebpf.placement.regions import find_probes, region_uprobes
+from profkit.capture.ebpf.pywalk import PythonWalker
+from profkit.host.pyruntime import detect
 from profkit.host.target import Runtime
 
-EMPTY = """
-int on_entry_0(struct pt_regs *ctx) { return 0; }
-int on_region_return(struct pt_regs *ctx) { return 0; }
-"""
 SAMPLE_HZ = 49
-STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
-CORE_PROGRAMS = ("on_region_entry", "on_region_return", "on_cpu_sample")
 
 
 def cpu_per_copy(
@@ -81,12 +66,12 @@ def cpu_per_copy(
 
 
 class Part:
-    def __init__(self, name: str, attach: Callable[[], BpfProgram | CoreObject | None]) -> None:
+    def __init__(self, name: str, attach: Callable[[], Program | None]) -> None:
         self.name = name
         self.attach = attach
         self.per_copy: list[float] = []
         self.regions_per_copy: list[float] = []
-        self.program_ns: dict[str, list[float]] = {}
+        self.measured_us: list[float] = []  # profkit's own measure of a region's cost
 
 
 def main() -> int:
@@ -95,121 +80,133 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--depth", type=int, default=10, help="Python frames under the loop")
     parser.add_argument("--loader", choices=["both", "core", "bcc"], default="both")
-    parser.add_argument(
-        "--program-time", action="store_true", help="time inside each CO-RE program per run"
-    )
     args = parser.parse_args()
-    if args.program_time:
-        stats_were = STATS.read_text().strip()
-        STATS.write_text("1")
-        try:
-            return run(args)
-        finally:
-            STATS.write_text(stats_were)
-    return run(args)
+    stats = costs.enable_stats()
+    try:
+        return run(args)
+    finally:
+        stats.close()
 
 
 def run(args: argparse.Namespace) -> int:
-    bcc = load_bcc() if args.loader != "core" else None
     torch.set_num_threads(2)
-    libs = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
-    if not libs:
-        raise SystemExit("this torch bundles no libgomp")
-    path = os.path.realpath(libs[0])
-    entry, end = entry_point(path, "GOMP_parallel"), gomp_region_end(path)
-    if entry is None or end is None:
-        raise SystemExit(f"{path}: no emulated entry or region-end point")
-    pid = os.getpid()
-    layout = detect(pid)
-    walker = compile_flags(layout)
-
-    def load(source: str, flags: list[str], sample: bool = False) -> BpfProgram:
-        assert bcc is not None
-        bpf = bcc.BPF(text=source, cflags=flags)
-        if "-DPYSTACK" in flags:
-            table = bpf["tstates"]
-            for tid, tstate in thread_states(pid, layout).items():
-                table[table.Key(tid)] = table.Leaf(tstate)
-        if sample:
-            bpf.attach_perf_event(
-                ev_type=bcc.PerfType.SOFTWARE,
-                ev_config=bcc.PerfSWConfig.CPU_CLOCK,
-                fn_name="on_cpu_sample",
-                sample_freq=SAMPLE_HZ,
-            )
-        return bpf
-
-    def attached(bpf: BpfProgram, end_probe: bool = True) -> BpfProgram:
-        bpf.attach_uprobe(name=path, addr=entry.address, fn_name="on_entry_0", pid=pid)
-        if end_probe:
-            bpf.attach_uprobe(name=path, addr=end.address, fn_name="on_region_return", pid=pid)
-        return bpf
-
-    def core(sample: bool = False, walk: bool = True) -> CoreObject:
-        program = load_process(pid, layout, 1, 1 << 18, 1, 0)
-        table = program["tstates"]
-        for tid, tstate in thread_states(pid, layout).items() if walk else ():
-            table[table.Key(tid)] = table.Leaf(tstate)
-        start = file_offset(path, entry.address)
-        program.attach_uprobes("on_region_entry", path, [(start, entry_cookie(0, 3))], pid)
-        program.attach_uprobes("on_region_return", path, [(file_offset(path, end.address), 0)], pid)
-        if sample:
-            program.attach_cpu_clock("on_cpu_sample", SAMPLE_HZ)
-        return program
-
-    runtimes = (Runtime("libgomp", path),)
-    regions = OpenMPProgram(runtimes, tgid=pid).source()
-    with_sched = OpenMPProgram(runtimes, tgid=pid, sched=SchedProgram(pid)).source()
-    bcc_parts = [
-        Part("entry trap", lambda: attached(load(EMPTY, []), end_probe=False)),
-        Part("traps", lambda: attached(load(EMPTY, []))),
-        Part("regions", lambda: attached(load(regions, []))),
-        Part("+ tstate lookup", lambda: attached(load(regions, [*walker, "-DCOST_LOOKUP_ONLY"]))),
-        Part("+ frame walk", lambda: attached(load(regions, [*walker, "-DCOST_NO_STACK_MAPS"]))),
-        Part("walker", lambda: attached(load(regions, walker))),
-        Part("+ sampler", lambda: attached(load(regions, walker, sample=True))),
-        Part("+ scheduler", lambda: attached(load(with_sched, walker, sample=True))),
-    ]
-    core_parts = [
-        Part("CO-RE regions", lambda: core(walk=False)),
-        Part("CO-RE walker", core),
-        Part("CO-RE + sampler", lambda: core(sample=True)),
-    ]
-    parts = [
-        Part("bare", lambda: None),
-        *(bcc_parts if args.loader != "core" else []),
-        *(core_parts if args.loader != "bcc" else []),
-        Part("bare (A/A)", lambda: None),
-    ]
     source = torch.ones(256 * 1024, dtype=torch.uint8)
     destination = torch.empty_like(source)
-    cpu_per_copy(source, destination, 1.0, args.depth)  # warm the pool and the allocator
-    shown = Path(path).relative_to(Path(torch.__file__).parent.parent)
+    cpu_per_copy(source, destination, 0.5, args.depth)  # warm the pool, map torch's libgomp
+    pid = os.getpid()
+    gomp = next(
+        (f for f in find_libgomps(pid)),
+        None,
+    )
+    if gomp is None:
+        raise SystemExit("this torch maps no libgomp")
+    runtime = Runtime("libgomp", gomp.path, gomp)
+    copy = find_probes(0, runtime)
+    if copy is None or copy.end is None:
+        raise SystemExit(f"{gomp.path}: no emulated entry or region-end point")
+    probes = region_uprobes(copy)
+    # Its own interpreter's layout (the self-check would walk this very thread as it runs).
+    walker = PythonWalker(pid, detect(pid))
+    cookie = program.entry_cookie(0, 3)
+
+    def loaded(
+        loader: LoaderName,
+        walk: bool,
+        cost_parts: int = 0,
+        sample: bool = False,
+        sched: bool = False,
+    ) -> Program:
+        request = LoadRequest(
+            pid,
+            walker.layout if walk else None,
+            program.Capacities(sample=1 << 12, region=1 << 18, slice=1 << 12),
+            1,
+            (cookie,),
+            sched=sched,
+            cost_parts=cost_parts,
+        )
+        found = load(loader, request)
+        if walk:
+            table = found["tstates"]
+            for tid, tstate in walker_states():
+                table[table.Key(tid)] = table.Leaf(tstate)
+        if sample:
+            found.attach_sampler(SAMPLE_HZ)
+        if sched:
+            found.attach_sched(waking=walk)
+        found.attach_regions(probes)
+        return found
+
+    def walker_states() -> list[tuple[int, int]]:
+        from profkit.host.pyruntime import thread_states
+
+        assert walker.layout is not None
+        return list(thread_states(pid, walker.layout).items())
+
+    def traps(loader: LoaderName) -> Program:
+        found = load(loader, LoadRequest(pid, None, program.COUNTERS_ONLY, 1, (cookie,)))
+        path = gomp.checked()
+        for probe in probes:
+            assert probe.address is not None
+            found.attach_calibration(path, probe.address, file_offset(path, probe.address))
+        return found
+
+    loaders: list[LoaderName] = ["bcc", "core"] if args.loader == "both" else [args.loader]
+    parts = [Part("bare", lambda: None)]
+    for loader in loaders:
+        tag = "bcc" if loader == "bcc" else "CO-RE"
+
+        def add(name: str, attach: Callable[[], Program | None], tag: str = tag) -> None:
+            parts.append(Part(f"{tag} {name}", attach))
+
+        add("traps", functools.partial(traps, loader))
+        add("regions", functools.partial(loaded, loader, False))
+        lookup = program.cost_part("COST_LOOKUP_ONLY")
+        no_maps = program.cost_part("COST_NO_STACK_MAPS")
+        add("+ tstate lookup", functools.partial(loaded, loader, True, lookup))
+        add("+ frame walk", functools.partial(loaded, loader, True, no_maps))
+        add("walker", functools.partial(loaded, loader, True))
+        add("+ sampler", functools.partial(loaded, loader, True, 0, True))
+        add("+ scheduler", functools.partial(loaded, loader, True, 0, True, True))
+    parts.append(Part("bare (A/A)", lambda: None))
+    calibrated = {
+        loader: costs.calibrate(loader, *calibration_pair(loader, pid, cookie))
+        for loader in loaders
+    }
+    shown = gomp.path
     print(
         f"# {shown}, pool of 2, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, "
         f"{args.rounds} rounds of {args.seconds:g} s per part, {args.depth} extra Python frames"
     )
+    entry_emulated, end_emulated = copy.traps()
+    trap_s = {}
+    for loader, trap in calibrated.items():
+        if trap is None:
+            trap_s[loader] = 0.0
+            continue
+        print(
+            f"# {loader}'s traps calibrated: emulated {trap.emulated_s * 1e6:.2f} us, "
+            f"single-stepped {trap.stepped_s * 1e6:.2f} us ({trap.how})"
+        )
+        trap_s[loader] = trap.of(entry_emulated) + trap.of(end_emulated)
     for round_index in range(args.rounds):
         # Rotate the order each round, so that no part always follows another.
         order = parts[round_index % len(parts) :] + parts[: round_index % len(parts)]
         for part in order:
-            bpf = part.attach()
+            found = part.attach()
             try:
+                before = measured(found)
                 per_copy, copies = cpu_per_copy(source, destination, args.seconds, args.depth)
                 part.per_copy.append(per_copy)
-                if bpf is not None and part.name == "regions":
-                    counted = int(bpf["region_count"][0].value)
-                    part.regions_per_copy.append(counted / copies)
-                if isinstance(bpf, CoreObject) and args.program_time:
-                    for program in CORE_PROGRAMS:
-                        runs, ns = bpf.run_stats(program)
-                        if runs:
-                            part.program_ns.setdefault(program, []).append(ns / runs)
+                after = measured(found)
+                if found is not None and part.name.endswith("regions"):
+                    part.regions_per_copy.append((after[0] - before[0]) / copies)
+                if found is not None and after[0] > before[0] and after[1] > before[1]:
+                    program_s = (after[1] - before[1]) / (after[0] - before[0]) / 1e9
+                    part.measured_us.append((trap_s[found.name] + program_s) * 1e6)
             finally:
-                if isinstance(bpf, CoreObject):
-                    bpf.close()
-                elif bpf is not None:
-                    bpf.cleanup()
+                if found is not None:
+                    found.close(wait=True)
     bare = statistics.median(parts[0].per_copy)
     print(f"{'part':<18} {'us/copy':>8} {'+us/region':>11}   windows (us/copy)")
     previous = bare
@@ -220,17 +217,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"{part.name:<18} {median * 1e6:8.2f} {(median - bare) * 1e6:+11.2f}   {each}{step}")
         if not part.name.startswith("bare"):
             previous = median
-    counts = [n for part in parts if part.name == "regions" for n in part.regions_per_copy]
+    counts = [n for part in parts if part.name.endswith("regions") for n in part.regions_per_copy]
     if counts:
         print(f"# regions per copy counted by the region program: {statistics.median(counts):.3f}")
-    timed = [part for part in parts if part.program_ns]
-    if timed:
-        print("# inside each program, ns per run (medians over the rounds; windows)")
-        for part in timed:
-            for program, values in part.program_ns.items():
-                each = " ".join(f"{v:.0f}" for v in values)
-                print(f"{part.name:<18} {program:<18} {statistics.median(values):8.0f}   {each}")
+    print("# profkit's own measure of a region's cost (traps calibrated + programs' run time),")
+    print("# against what the dispatching thread paid (its CPU per copy over bare's):")
+    for part in parts:
+        if part.measured_us and part.name.endswith(("walker", "sampler", "scheduler")):
+            paid = (statistics.median(part.per_copy) - bare) * 1e6
+            print(
+                f"{part.name:<22} measured {statistics.median(part.measured_us):6.2f} us, "
+                f"paid {paid:+6.2f} us a region"
+            )
     return 0
+
+
+def find_libgomps(pid: int) -> list:
+    from profkit.host.mapped import mapped_files
+
+    return [f for f in mapped_files(pid) if "/torch/lib/libgomp" in f.path]
+
+
+def measured(found: Program | None) -> tuple[int, int]:
+    """(regions entered, the region programs' nanoseconds) so far."""
+    if found is None:
+        return 0, 0
+    table = found["runtime_entries"]
+    entries = int(table[table.Key(0)].value)
+    return entries, found.run_stats([*found.entry_programs(), program.REGION_END])[1]
+
+
+def calibration_pair(loader: LoaderName, pid: int, cookie: int) -> tuple[object, object]:
+    found = load(loader, LoadRequest(pid, None, program.COUNTERS_ONLY, 1, (cookie,)))
+    return found.attach_calibration, found.detach_calibration
 
 
 if __name__ == "__main__":

@@ -6,12 +6,13 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-# binutils: c++filt; libbpf1: the loader of the prebuilt CO-RE programs
-APT_PACKAGES=(linux-perf bpfcc-tools python3-bpfcc linux-headers-amd64 binutils libbpf1)
+# binutils: c++filt. The prebuilt CO-RE object needs no package: profkit loads it itself.
+APT_PACKAGES=(linux-perf bpfcc-tools python3-bpfcc linux-headers-amd64 binutils)
 # The real consumers the tests hand profkit's outputs to: a browser, Go's pprof, speedscope,
 # Prometheus (and its promtool) for `watch`'s metrics and alert rules, tmux for `top`'s screen;
 # gcc brings Debian's libgomp1, a second shape of OpenMP runtime for the region probes.
-# clang, bpftool and libbpf-dev build the CO-RE objects again, to check them against their sources.
+# clang, bpftool and libbpf-dev (its bpf_helpers.h) build the CO-RE object again, to check it
+# against its source.
 TEST_APT_PACKAGES=(chromium gcc golang-go nodejs npm prometheus tmux clang bpftool libbpf-dev)
 WITH_TEST_TOOLS=0
 [ "${1:-}" = "--test" ] && WITH_TEST_TOOLS=1

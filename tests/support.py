@@ -45,11 +45,38 @@ def stale_uprobe_events() -> list[str]:
     return stale
 
 
+# A kernel without BTF, as far as profkit can tell: /sys/kernel/btf hidden under an empty tmpfs
+# in a mount namespace of the command's own (the CO-RE object cannot load there).
+NO_BTF = ("/sys/kernel/btf",)
+
+
+def hiding(hide: tuple[str, ...], argv: list[str]) -> list[str]:
+    """argv run in a private mount namespace where each directory of `hide` is an empty tmpfs;
+    the rest of the machine sees them as they are."""
+    if not hide:
+        return argv
+    mounts = "".join(f'mount -t tmpfs -o size=64k none "{d}" || exit 97; ' for d in hide)
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        mounts + 'exec "$@"',
+        "sh",
+        *argv,
+    ]
+
+
 def run_profkit(
-    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    *args: str,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    hide: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "profkit", *args],
+        hiding(hide, [sys.executable, "-m", "profkit", *args]),
         capture_output=True,
         text=True,
         timeout=timeout,

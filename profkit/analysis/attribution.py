@@ -5,7 +5,7 @@ its dispatcher was in at that instant, read from the dispatcher's thread state; 
 splits over the sites as its samples do, with a 95% interval (binomial, or from blocks of the
 window where the samples come in bursts). It needs no probe per region, so it holds at any
 region rate; it is used where no region carries a stack in the window (the region probes came
-off), and where the probes ran only part of the window and its regions bound no split (the
+off), and where the probes ran only fraction of the window and its regions bound no split (the
 stack method's interval is 100%). A worker spinning after a region is sampled wherever its
 dispatcher is by then; see by_samples.
 
@@ -206,7 +206,7 @@ def _clip(
 
 
 def probed_fraction(sched: EbpfData, window: tuple[int, int]) -> float:
-    """The part of the window the region probes were on: 1 unless they were switched."""
+    """The fraction of the window the region probes were on: 1 unless they were switched."""
     if not sched.region_on or window[1] <= window[0]:
         return 1.0
     inside = sum(max(0, min(b, window[1]) - max(a, window[0])) for a, b in sched.region_on)
@@ -246,6 +246,15 @@ def outer_calls(code: str) -> list[str]:
     return calls
 
 
+def native_command(pid: int | None, budget: float | None) -> str:
+    """The one command that places the pool where py-spy ran --nonblocking and no eBPF probe
+    ran: py-spy --native, at the --budget its stops need (where the capture computed it)."""
+    command = f"profkit attach --pid {pid if pid is not None else 'PID'} --pyspy-mode native"
+    if budget:
+        command += f" --budget {100 * budget:g}"
+    return f"`{command}` would place it (py-spy then stops the target for each sample)"
+
+
 def attribute(
     spans: PythonSamples | None,
     sched: EbpfData | None,
@@ -255,7 +264,9 @@ def attribute(
     window: tuple[int, int],
     worker_kernels: list[str],
     native_samples: PerfSamples | None = None,
+    command: str = "",
 ) -> Attribution:
+    """command: what would place the pool where nothing here can (native_command)."""
     if sched is not None and sched.python_stacks:
         stacked = by_stack(
             sched, dispatchers, workers, pool_cores, window, worker_kernels, native_samples
@@ -263,7 +274,7 @@ def attribute(
         # Regions with their stacks place the pool's CPU exactly where the probes ran; where
         # the probes came off (too many regions for the budget), the workers' own samples,
         # which carry their dispatcher's stack at any region rate, do. Where the probes ran
-        # part of the window and its regions bound no split at all (a few regions of a short
+        # fraction of the window and its regions bound no split at all (a few regions of a short
         # on-time), the samples place the shares if they bound it, and the region counts stay.
         # Otherwise the regions do: they give a worker's spin after a region to that region's
         # site, where a sample of the spin names whatever line its dispatcher has moved on to.
@@ -308,8 +319,8 @@ def attribute(
             "(a larger --budget) or py-spy's native stacks (--collectors adds pyspy) would"
             if spans.source == "ebpf"
             else "py-spy sampled --nonblocking (no native frames) and no OpenMP region probe "
-            "ran, so no sample can be placed inside a parallel region; --pyspy-mode native "
-            "(stops the target per sample) or the eBPF region probes would"
+            "ran, so no sample can be placed inside a parallel region; "
+            + (command or native_command(None, None))
         )
         return Attribution("none", reason, 1.0, 0.0, ())
     sample_infos = [infos[int(s)] for s in stacks[in_region]]

@@ -10,7 +10,7 @@ import numpy as np
 from ..bundle.read import Bundle, load_bundle
 from ..errors import BadBundle
 from .activity import Activity, pool_activity
-from .attribution import Attribution, attribute, probed_fraction
+from .attribution import Attribution, attribute, native_command, probed_fraction
 from .cpu import CpuWindow, cpu_window
 from .findings import Finding, blind_spot, fanout, oversubscription, sort_findings, spin
 from .reconcile import Reconciliation, reconcile
@@ -28,7 +28,7 @@ class PoolReport:
     # Region durations in the window, ms: median, 90th percentile, longest (None: no region
     # ended in it, or no end probe).
     region_ms: tuple[float, float, float] | None = None
-    # The part of the window the region probes were on (below 1 when switched to fit the
+    # The fraction of the window the region probes were on (below 1 when switched to fit the
     # budget): `regions` counts only those times.
     regions_probed: float = 1.0
 
@@ -85,6 +85,7 @@ def analyse(bundle: Bundle) -> Report:
             window,
             kernels,
             bundle.perf,
+            native_command(target.pid, bundle.manifest.native_budget),
         )
         regions, region_ms, probed = 0, None, 1.0
         if pool_sched is not None:

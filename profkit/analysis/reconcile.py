@@ -56,7 +56,7 @@ def reconcile(
     """Split the process's CPU into Python, native-under-Python, pool workers and other threads.
 
     "py-spy sampled" is the CPU of the threads py-spy can see (the Python threads), over the
-    part of the window its samples cover: what a perfect py-spy would account for. Within those
+    fraction of the window its samples cover: what a perfect py-spy would account for. Within those
     threads, interpreted Python and native code are told apart by perf's on-CPU samples (leaf in
     the interpreter or not) when perf ran, else by py-spy's --native samples (leaf frame Python
     or native, leaving out samples waiting in a blocking call).

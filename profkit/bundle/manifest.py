@@ -90,12 +90,16 @@ class Manifest:
     quota: QuotaFacts | None  # None where none was read, or the table is empty
     window: Window | None
     collectors: Mapping[str, CollectorOutcome]
+    # The --budget at which py-spy --native would have placed the pool, where the capture ran
+    # it --nonblocking with no eBPF probe (options.pyspy_native_budget); None elsewhere.
+    native_budget: float | None = None
 
     @staticmethod
     def read(manifest: Fields) -> Manifest:
         quota = manifest.maybe_table("quota")
         window = manifest.maybe_table("window")
         collectors = manifest.table("collectors", optional=True)
+        options = manifest.table("options", optional=True)
         return Manifest(
             status=cast(
                 "CaptureStatus | None", manifest.maybe_choice("status", get_args(CaptureStatus))
@@ -113,6 +117,7 @@ class Manifest:
             if window is not None
             else None,
             collectors={name: _outcome(collectors.table(name)) for name in collectors.data},
+            native_budget=options.maybe_number("pyspy_native_budget", 0.0),
         )
 
 

@@ -493,7 +493,8 @@ def _sched(files: BundleFiles, manifest: Fields) -> EbpfData | None:
         # bcc's classic tracepoint or the CO-RE program's BTF one
         scheduler_traced=any("sched:sched_switch" in a for a in attached),
         scheduler_skipped=sched.text("reason", ""),
-        regions_skipped=decision.text("reason", ""),
+        # Only where they came off for good: switched probes' reason is not a missing part.
+        regions_skipped=decision.text("reason", "") if not decision.flag("traced", True) else "",
         region_on=tuple(
             (on[0], on[1])
             for on in (

@@ -95,6 +95,20 @@ def default_rate(
     return max(1, min(MAX_DEFAULT_RATE_HZ, int(fits)))
 
 
+# The most a suggested --budget asks for py-spy --native's samples, unless even 1 Hz needs more.
+MAX_SUGGESTED_BUDGET = 0.1
+
+
+def native_budget(threads: int, cpus: float) -> float:
+    """The --budget (a fraction, whole half-percents) at which py-spy --native's stops fit their
+    part where no eBPF probe runs, at the highest rate up to 10 Hz that MAX_SUGGESTED_BUDGET
+    holds (1 Hz where none does): what a capture that could not place the pool without native
+    frames would need to place it by py-spy's samples (default_rate then picks that rate)."""
+    per_hz = native_sample_cost_s(threads, cpus) / pyspy_stop_part(probes=False)
+    rate = max(1, min(MAX_DEFAULT_RATE_HZ, int(MAX_SUGGESTED_BUDGET / per_hz)))
+    return math.ceil(per_hz * rate * 200) / 200
+
+
 def auto_mode(
     threads: int, budget: float, cpus: float, stop_part: float = PYSPY_STOP_PART
 ) -> tuple[PySpyMode, str]:
@@ -109,18 +123,6 @@ def auto_mode(
         f"{100 * stop_part * budget:.2g}% part of the {100 * budget:g}% budget "
         f"that py-spy's stops may take"
     )
-
-
-# The scheduler tracepoints (sched_switch, sched_wakeup) run a BPF program on every context
-# switch and wakeup of the machine, so their cost grows with the machine's switch rate: a cost
-# of the target's throughput per switch per CPU, fitted to the overhead benchmark with the
-# scheduler always traced (docs/results/ebpf-cost.md#scheduler-tracepoints).
-SCHED_TRACE_COST_S_PER_SWITCH = 3e-6
-
-
-def sched_trace_cost(switches_per_s: float, cpus: int) -> float:
-    """The expected cost of tracing every switch: the part of the target's throughput lost."""
-    return switches_per_s / max(1, cpus) * SCHED_TRACE_COST_S_PER_SWITCH
 
 
 @dataclass(frozen=True)

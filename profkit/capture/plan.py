@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from ..errors import PermissionDenied, UsageError
 from ..host.cgroup import CgroupError, cpu_cgroup
 from ..host.target import Target
-from .budget import auto_mode, default_rate, pyspy_stop_part
+from .budget import auto_mode, default_rate, native_budget, pyspy_stop_part
 from .collectors.base import CaptureOptions
 from .ebpf.collector import EbpfCollector
 from .ebpf.pywalk import PythonWalker
@@ -63,6 +63,12 @@ def plan_capture(
     options, rate_hz = plan_pyspy(target, options, rate_hz, probes)
     if options.pyspy_mode_reason and "pyspy" in runnable:
         notes.append(f"py-spy goes --nonblocking: {options.pyspy_mode_reason}")
+        if options.pyspy_native_budget is not None:
+            notes.append(
+                "note: without eBPF or native frames the pool gets no call site: "
+                f"`profkit attach --pid {target.pid} --pyspy-mode native --budget "
+                f"{100 * options.pyspy_native_budget:g}` would give one"
+            )
     return CapturePlan((*runnable, *unavailable), unavailable, rate_hz, options, tuple(notes))
 
 
@@ -76,7 +82,10 @@ def plan_pyspy(
     stop_part = pyspy_stop_part(probes)
     if options.pyspy_mode == "auto":
         mode, reason = auto_mode(target.threads, budget, cpus, stop_part)
-        options = replace(options, pyspy_mode=mode, pyspy_mode_reason=reason)
+        needed = native_budget(target.threads, cpus) if mode != "native" and not probes else None
+        options = replace(
+            options, pyspy_mode=mode, pyspy_mode_reason=reason, pyspy_native_budget=needed
+        )
     if rate_hz is None:
         rate_hz = default_rate(target.threads, budget, options.pyspy_mode, cpus, stop_part)
     return options, rate_hz

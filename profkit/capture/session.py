@@ -532,6 +532,7 @@ def _options_record(request: CaptureRequest) -> dict[str, object]:
         "perf_scope": options.perf_scope,
         "pyspy_mode": options.pyspy_mode,
         "pyspy_mode_reason": options.pyspy_mode_reason,
+        "pyspy_native_budget": options.pyspy_native_budget,
         "ebpf_sched": options.ebpf_sched,
         "ebpf_loader": options.ebpf_loader,
         "python_stacks": options.python_stacks,

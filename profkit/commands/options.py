@@ -192,7 +192,7 @@ def capture_options(function: F) -> F:
             default="auto",
             show_default=True,
             help="How the eBPF programs load: core loads the prebuilt CO-RE object through "
-            "libbpf (needs only a kernel with BTF and libbpf1), bcc compiles them here (needs "
+            "profkit's own loader (needs only a kernel with BTF), bcc compiles them here (needs "
             "kernel headers and bcc); both hold every program. auto takes core wherever it "
             "loads, else bcc.",
         ),

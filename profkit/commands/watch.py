@@ -112,7 +112,7 @@ def interval_option(default: float, help_text: str) -> Callable[[F], F]:
     type=click.Choice(["auto", "core", "bcc"]),
     default="auto",
     show_default=True,
-    help="How the region probes load: the prebuilt CO-RE object through libbpf, or bcc "
+    help="How the region probes load: the prebuilt CO-RE object (a kernel with BTF), or bcc "
     "compiling them here; auto takes CO-RE wherever it loads (as attach's option).",
 )
 @click.option(

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from . import distro as distros
 from .cgroup import MOUNTINFO, parse_mountinfo
 from .tools import find_tool
 
@@ -27,12 +28,20 @@ WARN: CheckStatus = "warn"
 NOT_NEEDED: CheckStatus = "not needed"  # missing, but what it serves runs another way
 # What only bcc's loader uses: where the prebuilt CO-RE object loads, their absence costs nothing.
 BCC_ONLY = ("kernel headers", "bcc", "tracefs")
-CORE_CHECK = "CO-RE (libbpf)"
+CORE_CHECK = "CO-RE"
 CAPABILITY_BITS = {"CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_PERFMON": 38, "CAP_BPF": 39}
 SOFTWARE_EVENTS = ("task-clock", "context-switches", "cpu-migrations", "page-faults")
 HARDWARE_EVENTS = ("cycles", "instructions")
 TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 SETUP_FIX = "make setup (or scripts/setup.sh as root)"
+NO_BTF_FIX = "a kernel built with CONFIG_DEBUG_INFO_BTF=y (no package adds BTF to a kernel)"
+
+
+def check_distro(here: distros.Distro | None = None) -> Check:
+    """Which distribution the fixes below are written for."""
+    here = here or distros.current()
+    where = "a source checkout" if distros.checkout() else "an installed package"
+    return Check("distribution", OK, f"{here.name} ({here.family} package names); {where}")
 
 
 @dataclass(frozen=True)
@@ -152,10 +161,11 @@ def probe_perf_events(perf: str, events: tuple[str, ...]) -> dict[str, bool]:
     return supported
 
 
-def check_perf() -> list[Check]:
+def check_perf(here: distros.Distro | None = None) -> list[Check]:
     tool = find_tool("perf")
     if tool.path is None:
-        return [Check("perf", MISSING, "not found", "apt-get install linux-perf")]
+        here = here or distros.current()
+        return [Check("perf", MISSING, "not found", here.install("perf"))]
     checks = [Check("perf", OK, f"{tool.version_text} at {tool.path}")]
     software = probe_perf_events(tool.path, SOFTWARE_EVENTS)
     working = [e for e, ok in software.items() if ok]
@@ -183,8 +193,20 @@ def check_perf() -> list[Check]:
     return checks
 
 
-def check_kernel_headers(release: str | None = None) -> Check:
+def headers_fix(here: distros.Distro, build: Path) -> str:
+    """A checkout's setup links Debian's headers where the running kernel has no package of
+    its own; elsewhere the distribution's package is the fix."""
+    if here.family == "debian" and distros.checkout():
+        return (
+            f"{SETUP_FIX}: installs linux-headers-amd64 and links {build} to "
+            "the -amd64 tree and source/ to the -common tree"
+        )
+    return here.install("headers")
+
+
+def check_kernel_headers(release: str | None = None, here: distros.Distro | None = None) -> Check:
     release = release or platform.release()
+    here = here or distros.current(kernel=release)
     build = Path("/lib/modules") / release / "build"
     if (build / "include").exists():
         return Check("kernel headers", OK, f"{build} -> {build.resolve()}")
@@ -194,21 +216,22 @@ def check_kernel_headers(release: str | None = None) -> Check:
         "kernel headers",
         MISSING,
         f"no {build} and no CONFIG_IKHEADERS: bcc fails with 'Unable to find kernel headers'",
-        f"{SETUP_FIX}: installs linux-headers-amd64 and links {build} to "
-        "the -amd64 tree and source/ to the -common tree",
+        headers_fix(here, build),
     )
 
 
 BCC_PROBE = (
-    "from profkit.capture.ebpf.loader import load_bcc\n"
+    "from profkit.capture.ebpf.loaders.bcc import load_bcc\n"
     "b = load_bcc().BPF(text='TRACEPOINT_PROBE(sched, sched_switch) { return 0; }')\n"
     "b.cleanup()\n"
     "print('bcc-ok')\n"
 )
 
 
-def check_bcc() -> Check:
+def check_bcc(here: distros.Distro | None = None) -> Check:
     """Import bcc AND compile and load a tracepoint program: the real test of kernel headers."""
+    here = here or distros.current()
+    build = Path("/lib/modules") / here.kernel / "build"
     try:
         out = subprocess.run(
             [sys.executable, "-c", BCC_PROBE],
@@ -218,16 +241,21 @@ def check_bcc() -> Check:
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
         )
     except subprocess.TimeoutExpired:
-        return Check("bcc", MISSING, "compiling a trivial program took over 120 s", SETUP_FIX)
+        return Check(
+            "bcc", MISSING, "compiling a trivial program took over 120 s", headers_fix(here, build)
+        )
     text = out.stdout + out.stderr
     if "bcc-ok" in out.stdout:
         return Check("bcc", OK, "imported, compiled and loaded a sched_switch tracepoint program")
     if "BccUnavailable" in text or "not installed" in text:
         reason = text.strip().splitlines()[-1].split(":", 1)[-1].strip()
-        return Check("bcc", MISSING, reason, "apt-get install bpfcc-tools python3-bpfcc")
+        return Check("bcc", MISSING, reason, here.install("bcc"))
     if "Unable to find kernel headers" in text:
         return Check(
-            "bcc", MISSING, "imported, but cannot compile: Unable to find kernel headers", SETUP_FIX
+            "bcc",
+            MISSING,
+            "imported, but cannot compile: Unable to find kernel headers",
+            headers_fix(here, build),
         )
     last = text.strip().splitlines()[-1] if text.strip() else f"exit {out.returncode}"
     return Check(
@@ -239,19 +267,23 @@ def check_bcc() -> Check:
 
 
 CORE_PROBE = (
-    "from profkit.capture.ebpf import libbpf, core_program as c\n"
-    "why = libbpf.readiness()\n"
+    "import os\n"
+    "from profkit.capture.ebpf import program\n"
+    "from profkit.capture.ebpf.loaders import LoadRequest\n"
+    "from profkit.capture.ebpf.loaders import core\n"
+    "why = core.readiness()\n"
     "if why: raise SystemExit('core-missing: ' + why)\n"
-    "o = libbpf.CoreObject(c.OBJECT, c.ProcessConfig(py_frame_span=8), {}, c.TYPES)\n"
-    "o.close()\n"
-    "print('core-ok', libbpf.version())\n"
+    "p = core.load_core(LoadRequest(os.getpid(), None, program.COUNTERS_ONLY, 0))\n"
+    "record = p.record('')\n"
+    "p.close(wait=True)\n"
+    "print('core-ok', record['version'])\n"
 )
 
 
 def check_core() -> Check:
-    """Load the prebuilt CO-RE process program through libbpf: what runs where bcc cannot
-    compile. The kernel checks each program's helpers as it loads (the region probes' attach
-    cookies need 5.15), so a load that succeeds is the features check."""
+    """Load the prebuilt CO-RE process program through profkit's own loader: what runs where
+    bcc cannot compile. The kernel checks each program's helpers as it loads (the region
+    probes' attach cookies need 5.15), so a load that succeeds is the features check."""
     try:
         out = subprocess.run(
             [sys.executable, "-c", CORE_PROBE], capture_output=True, text=True, timeout=60
@@ -260,13 +292,13 @@ def check_core() -> Check:
         return Check(CORE_CHECK, MISSING, "loading the process program took over 60 s")
     text = (out.stdout + out.stderr).strip()
     if out.stdout.startswith("core-ok"):
-        version = out.stdout.split()[-1]
-        loaded = f"libbpf {version} loaded the prebuilt sampler, walker and region probes"
+        version = out.stdout.strip().removeprefix("core-ok").strip()
+        loaded = f"{version} loaded the prebuilt sampler, walker and region probes"
         return Check(CORE_CHECK, OK, loaded)
     last = text.splitlines()[-1] if text else f"exit {out.returncode}"
     if "core-missing:" in last:
         reason = last.split("core-missing:", 1)[1].strip()
-        fix = "apt-get install libbpf1" if "libbpf" in reason else "a kernel with BTF"
+        fix = NO_BTF_FIX if "BTF" in reason else ""
         return Check(CORE_CHECK, MISSING, reason, fix)
     return Check(CORE_CHECK, MISSING, f"load failed: {last[:160]}", "run as root with CAP_BPF")
 
@@ -274,7 +306,9 @@ def check_core() -> Check:
 def check_btf() -> Check:
     if Path("/sys/kernel/btf/vmlinux").exists():
         return Check("BTF", OK, "/sys/kernel/btf/vmlinux")
-    return Check("BTF", WARN, "no /sys/kernel/btf/vmlinux (bcc still works with headers)")
+    return Check(
+        "BTF", WARN, "no /sys/kernel/btf/vmlinux (bcc still works with headers)", NO_BTF_FIX
+    )
 
 
 def check_tracefs() -> Check:
@@ -308,15 +342,16 @@ def check_uprobes() -> Check:
     )
 
 
-# The libraries that read a runtime's symbols, frame tables and code to place the region probes
-# (capture/ebpf/returns.py), by module and by the name pip knows them under.
-CODE_READERS = {"elftools": "pyelftools", "capstone": "capstone"}
+# The library that decodes a runtime's code to place the region probes (capture/ebpf/placement/
+# code.py; the ELF tables are profkit's own reader's), by module and by the name pip knows it.
+CODE_READERS = {"capstone": "capstone"}
+CODE_CHECK = "capstone"
 DECODED_MACHINES = ("x86_64", "aarch64")
 
 
 def check_code_readers(machine: str | None = None) -> Check:
-    """pyelftools and capstone import, and decode this machine's code: without them region
-    ends fall back to a uretprobe, as they did without binutils."""
+    """capstone imports and decodes this machine's code: without it region ends fall back to a
+    uretprobe, as they did without binutils."""
     machine = machine or platform.machine()
     found, missing = [], []
     for module, distribution in CODE_READERS.items():
@@ -333,19 +368,19 @@ def check_code_readers(machine: str | None = None) -> Check:
     fallback = "region ends fall back to a uretprobe, which makes py-spy --native's stops longer"
     if missing:
         return Check(
-            "pyelftools, capstone",
+            CODE_CHECK,
             WARN,
             f"not importable: {', '.join(missing)}: {fallback}",
-            fix="pip install pyelftools capstone (dependencies of profkit)",
+            fix="pip install capstone (a dependency of profkit)",
         )
     if machine not in DECODED_MACHINES:
         return Check(
-            "pyelftools, capstone",
+            CODE_CHECK,
             UNSUPPORTED,
             f"only x86-64 and aarch64 code is decoded (this machine: {machine}): {fallback}",
         )
     return Check(
-        "pyelftools, capstone",
+        CODE_CHECK,
         OK,
         f"{', '.join(found)}: region ends probed at the team barrier or at each return",
     )
@@ -397,6 +432,7 @@ def check_proc() -> Check:
 
 
 CHECKS: tuple[Callable[[], Check | list[Check]], ...] = (
+    check_distro,
     check_privileges,
     check_ptrace_scope,
     check_proc,
@@ -425,13 +461,19 @@ def run_checks() -> list[Check]:
 
 def settle_loaders(checks: list[Check]) -> list[Check]:
     """Where the CO-RE object loads, a missing bcc, kernel headers or tracefs is not needed
-    (only `--ebpf-loader bcc` uses them: libbpf attaches uprobes through perf events, not
-    tracefs): said so; the fix stays with the row (for bcc) but is not among doctor's fixes."""
+    (only `--ebpf-loader bcc` uses them: the CO-RE loader attaches uprobes through links and
+    perf events, not tracefs): said so, and the row offers no fix, since nothing needs one."""
     core = next((c for c in checks if c.name == CORE_CHECK), None)
     if core is None or not core.passed:
         return checks
     return [
-        Check(c.name, NOT_NEEDED, f"CO-RE loads every program; {c.detail}", c.fix, c.core)
+        Check(
+            c.name,
+            NOT_NEEDED,
+            f"CO-RE loads every program (only --ebpf-loader bcc uses this); {c.detail}",
+            "",
+            c.core,
+        )
         if c.name in BCC_ONLY and c.status != OK
         else c
         for c in checks

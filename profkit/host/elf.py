@@ -1,12 +1,13 @@
-"""ELF64 (little-endian) headers and symbol tables, read as numpy arrays.
+"""ELF64 (little-endian) headers, sections and symbol tables, symbol tables read as numpy
+arrays: profkit's one ELF reader.
 
-profkit reads ELF in two ways. Sections, code and unwind tables go through pyelftools and
-capstone (capture/ebpf/returns.py), where a few records of one function are wanted. Symbol
-tables come from here, for both of their uses: naming native frames (host/symbols.py) and
-finding the interpreter's symbols (host/pyruntime/). A library such as libtorch holds half a
-million symbols, which pyelftools decodes one record at a time and numpy reads as one array
-(docs/results/memory-and-speed.md#reading-symbol-tables). Only the headers, one symbol table and,
-for a name looked up, its string table are read: never the code.
+Every reader of ELF goes through here: naming native frames (host/symbols.py), finding the
+interpreter's symbols (host/pyruntime/), placing the region probes (capture/ebpf/placement/: the
+symbols, the executable sections, the PLT and the unwind tables' sections, whose ranges
+placement/frames.py reads) and the loader of profkit's own object. A library such as libtorch
+holds half a million symbols, which a record-at-a-time reader decodes slowly and numpy reads as
+one array (docs/results/memory-and-speed.md#reading-symbol-tables). Only the headers, the tables
+asked for and, for a name looked up, its string table are read: never the code.
 """
 
 from __future__ import annotations
@@ -104,6 +105,61 @@ class SymbolTable:
         return int(hit["value"]), int(hit["size"])
 
 
+@dataclass(frozen=True)
+class Section:
+    name: str
+    type: int
+    flags: int
+    addr: int
+    offset: int
+    size: int
+    link: int
+    info: int
+    entsize: int
+
+
+SHF_EXECINSTR = 0x4
+SHT_NOBITS = 8
+
+
+def sections_of(data: bytes) -> list[Section]:
+    """The section headers of an ELF64 little-endian image held in memory (an object profkit
+    ships, or a part of a file read whole), with their names; ValueError where it is not one."""
+    if data[:4] != b"\x7fELF" or len(data) < _EHDR.size or data[4] != 2 or data[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF image")
+    header = _EHDR.unpack_from(data)
+    e_shoff, e_shentsize, e_shnum, e_shstrndx = header[6], header[11], header[12], header[13]
+    if e_shnum and e_shentsize < _SHDR.size:
+        raise ValueError("section headers smaller than ELF64's")
+    table = _slice(data, e_shoff, e_shentsize * e_shnum)
+    raw = [_SHDR.unpack_from(table, i * e_shentsize) for i in range(e_shnum)]
+    if e_shnum and not 0 <= e_shstrndx < e_shnum:
+        raise ValueError("no section names")
+    names = _slice(data, raw[e_shstrndx][4], raw[e_shstrndx][5]) if e_shnum else b""
+    found = []
+    for sh_name, sh_type, flags, addr, offset, size, link, info, _align, entsize in raw:
+        end = names.find(b"\0", sh_name)
+        name = names[sh_name : end if end >= 0 else None].decode(errors="replace")
+        found.append(Section(name, sh_type, flags, addr, offset, size, link, info, entsize))
+    return found
+
+
+def section_data(data: bytes, name: str) -> bytes | None:
+    """The bytes of the named section of an ELF image in memory; None where it has none."""
+    for section in sections_of(data):
+        if section.name == name:
+            return (
+                None if section.type == SHT_NOBITS else _slice(data, section.offset, section.size)
+            )
+    return None
+
+
+def _slice(data: bytes, offset: int, size: int) -> bytes:
+    if offset < 0 or size < 0 or offset + size > len(data):
+        raise ValueError("a table past the end of the image")
+    return data[offset : offset + size]
+
+
 def open_elf(path: str) -> BinaryIO | None:
     """The file opened for reading, or None where it is not a regular file of bounded size: the
     target chose what it mapped, and a device or FIFO under a library's name is refused before
@@ -122,7 +178,20 @@ def open_elf(path: str) -> BinaryIO | None:
     return f
 
 
-def read_symbol_table(f: BinaryIO) -> SymbolTable | None:
+@dataclass(frozen=True)
+class ElfFile:
+    """An ELF64 file's header facts and section headers, named."""
+
+    machine: int
+    is_exec: bool
+    loads: tuple[Load, ...]
+    sections: tuple[Section, ...]
+
+    def section(self, name: str) -> Section | None:
+        return next((s for s in self.sections if s.name == name), None)
+
+
+def read_headers(f: BinaryIO) -> ElfFile | None:
     """None where the file is not a 64-bit little-endian ELF; ValueError where its tables lie
     past its end."""
     file_size = os.fstat(f.fileno()).st_size
@@ -132,6 +201,7 @@ def read_symbol_table(f: BinaryIO) -> SymbolTable | None:
     header = _EHDR.unpack(head)
     e_type, machine, e_phoff, e_shoff = header[1], header[2], header[5], header[6]
     e_phentsize, e_phnum, e_shentsize, e_shnum = header[9], header[10], header[11], header[12]
+    e_shstrndx = header[13]
     if (e_phnum and e_phentsize < _PHDR.size) or (e_shnum and e_shentsize < _SHDR.size):
         raise ValueError("headers smaller than ELF64's")
     program = _read(f, e_phoff, e_phentsize * e_phnum, file_size)
@@ -143,22 +213,61 @@ def read_symbol_table(f: BinaryIO) -> SymbolTable | None:
         if p_type == PT_LOAD:
             loads.append(Load(p_offset, p_filesz, p_vaddr, p_align))
     table = _read(f, e_shoff, e_shentsize * e_shnum, file_size)
-    sections = [_SHDR.unpack_from(table, i * e_shentsize) for i in range(e_shnum)]
-    for wanted in (SHT_SYMTAB, SHT_DYNSYM):
-        for _, sh_type, _, _, sh_offset, sh_size, sh_link, _, _, sh_entsize in sections:
-            if sh_type != wanted or sh_entsize != SYMBOL.itemsize or sh_link >= len(sections):
+    raw = [_SHDR.unpack_from(table, i * e_shentsize) for i in range(e_shnum)]
+    names = b""
+    if 0 < e_shstrndx < e_shnum and raw[e_shstrndx][1] != SHT_NOBITS:
+        names = _read(f, raw[e_shstrndx][4], min(raw[e_shstrndx][5], MAX_NAMES), file_size)
+    sections = []
+    for sh_name, sh_type, flags, addr, offset, size, link, info, _align, entsize in raw:
+        end = names.find(b"\0", sh_name)
+        name = names[sh_name : end if end >= 0 else None].decode(errors="replace")
+        sections.append(Section(name, sh_type, flags, addr, offset, size, link, info, entsize))
+    return ElfFile(machine, e_type == ET_EXEC, tuple(loads), tuple(sections))
+
+
+# A section-name table larger than this is not read (real ones are a few hundred bytes).
+MAX_NAMES = 1 << 20
+
+
+def read_symbol_table(f: BinaryIO) -> SymbolTable | None:
+    """The file's .symtab where it keeps one, else its .dynsym (they agree on every symbol both
+    hold). None where the file is not a 64-bit little-endian ELF; ValueError where its tables
+    lie past its end."""
+    elf = read_headers(f)
+    if elf is None:
+        return None
+    tables = read_symbol_tables(f, elf, (SHT_SYMTAB, SHT_DYNSYM))
+    if tables:
+        return tables[0]
+    empty = np.zeros(0, SYMBOL)
+    return SymbolTable(elf.machine, elf.is_exec, elf.loads, empty, 0, 0)
+
+
+def read_symbol_tables(
+    f: BinaryIO, elf: ElfFile, kinds: tuple[int, ...] = (SHT_DYNSYM, SHT_SYMTAB)
+) -> list[SymbolTable]:
+    """Each symbol table of these kinds the file holds, in the order of `kinds`."""
+    file_size = os.fstat(f.fileno()).st_size
+    found = []
+    for wanted in kinds:
+        for section in elf.sections:
+            if (
+                section.type != wanted
+                or section.entsize != SYMBOL.itemsize
+                or section.link >= len(elf.sections)
+            ):
                 continue
-            raw = _read(f, sh_offset, sh_size, file_size)
+            raw = _read(f, section.offset, section.size, file_size)
             symbols = np.frombuffer(raw, SYMBOL, len(raw) // SYMBOL.itemsize)
             symbols = symbols[(symbols["shndx"] != SHN_UNDEF) & (symbols["name"] != 0)]
-            strings_at, strings_size = sections[sh_link][4], sections[sh_link][5]
-            if strings_at + strings_size > file_size:
+            names = elf.sections[section.link]
+            if names.offset + names.size > file_size:
                 raise ValueError("a string table past the end of the file")
-            return SymbolTable(
-                machine, e_type == ET_EXEC, tuple(loads), symbols, strings_at, strings_size
+            found.append(
+                SymbolTable(elf.machine, elf.is_exec, elf.loads, symbols, names.offset, names.size)
             )
-    empty = np.zeros(0, SYMBOL)
-    return SymbolTable(machine, e_type == ET_EXEC, tuple(loads), empty, 0, 0)
+            break
+    return found
 
 
 def _read(f: BinaryIO, offset: int, size: int, file_size: int) -> bytes:

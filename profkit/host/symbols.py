@@ -1,6 +1,6 @@
 """Address -> (function, file) for a process and the kernel, without bcc.
 
-Where the eBPF programs were loaded through libbpf (no bcc on the node), the native stacks'
+Where the eBPF programs were loaded as the CO-RE object (no bcc on the node), the native stacks'
 addresses are named here: the mapped file from /proc/PID/maps, the function from the file's
 ELF symbol table (.symtab, else .dynsym), read with numpy in one pass per file (libtorch's
 symbol table holds some hundred thousand functions), and the kernel's from /proc/kallsyms.

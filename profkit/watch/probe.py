@@ -6,7 +6,7 @@ map walk.
 The probes' traps cost the dispatching thread a few microseconds a region. Where the target
 starts so many regions that this would cost more than the probes' part of the budget (the one a
 capture's probes keep: REGION_PROBE_PART of the default --budget), the probes are switched on
-for part of the time and off for the rest, as a capture's are (capture/ebpf/duty.py): the
+for a fraction of the time and off for the rest, as a capture's are (capture/ebpf/duty.py): the
 regions of the on-times are a sample in time, whose stacks split the pool's CPU. The rate is
 checked as the probe loads and at every window after.
 """
@@ -22,9 +22,9 @@ from ..bundle.frames import Frame
 from ..capture.budget import REGION_PROBE_PART, Budget
 from ..capture.collectors.base import EbpfLoader
 from ..capture.ebpf.collector import EbpfCollector
-from ..capture.ebpf.duty import MIN_DUTY, PERIOD_S, DutyCycle
+from ..capture.ebpf.duty import PERIOD_S, DutyCycle
+from ..capture.ebpf.policy import RegionDecision, Spent, decide_regions
 from ..capture.ebpf.pywalk import SHIM_FRAME, resolve_frame
-from ..capture.ebpf.region_policy import RegionCount
 from ..host.pyruntime import CodeResolver, PyRuntimeUnsupported
 from ..host.pyruntime import thread_states as read_thread_states
 from ..host.target import Target
@@ -62,12 +62,14 @@ class RegionProbe:
         self._collector: EbpfCollector | None = None
         self._frames: dict[int, tuple[Frame, ...]] = {}
         self._cycle: DutyCycle | None = None
-        self._counted: tuple[dict[int, int], float] = ({}, 0.0)  # entries by copy, and when
+        # Entries by copy, the region programs' nanoseconds, and when: the last count's.
+        self._counted: tuple[Spent, float] = (Spent(), 0.0)
         self.switched = ""  # why the probes are switched on and off, once they are
+        self.decision: RegionDecision | None = None  # the policy's last
 
     @property
     def duty(self) -> float:
-        """The part of the time the region probes are on: 1 unless they are switched."""
+        """The fraction of the time the region probes are on: 1 unless they are switched."""
         return 1.0 if self._cycle is None else self._cycle.duty
 
     @property
@@ -106,37 +108,41 @@ class RegionProbe:
         release_heap()
         walker = collector.walker
         self.walker_reason = "" if self.walker_on else (walker.reason if walker else "")
-        self._counted = (collector.entries_by_copy(), time.monotonic())
+        collector.calibrate()  # once per agent: the machine does not change under it
+        self._counted = (collector.measured(), time.monotonic())
         time.sleep(RATE_CHECK_S)
         self.check_rate()
 
     def check_rate(self) -> None:
-        """Switch the probes on and off once the regions counted since the last check would
-        cost the dispatching threads more than PROBE_BUDGET; switched, they adapt the duty to
-        each on-time's rate themselves (duty.py)."""
+        """Carry out the one policy (capture/ebpf/policy.py) on the regions counted since the
+        last check and what they were measured to cost, as a capture's rate check does:
+        switched, the probes adapt the duty to each on-time's rate and cost themselves
+        (duty.py). Nothing but the regions places the pool here, so the probes never come off.
+        """
         c = self._collector
         if c is None or self._cycle is not None:
             return
         before, since = self._counted
         now = time.monotonic()
         count = c.region_count(before, now - since)
-        self._counted = (c.entries_by_copy(), now)
-        if count.cost <= PROBE_BUDGET or count.per_s <= 0:
+        self._counted = (c.measured(), now)
+        if count.per_s <= 0:
             return
-        duty = max(MIN_DUTY, PROBE_BUDGET / count.cost)
+        decision = decide_regions(count, PROBE_BUDGET, stacks=self.walker_on, placed_by="")
+        self.decision = decision
+        if decision.action != "switch":
+            return
         self._cycle = DutyCycle(
-            duty,
+            decision,
             time.monotonic_ns,
             c.attach_region_probes,
             c.detach_region_probes,
-            entries=lambda: sum(c.entries_by_copy().values()),
-            cost_s=count.cost / count.per_s,
-            budget=PROBE_BUDGET,
+            measure=c.measured,
             start_on=True,
         )
         self._cycle.start(count.per_s)
         self._cycle.window_opened()
-        self.switched = switched_reason(count, duty)
+        self.switched = switched_reason(decision)
 
     def regions(self) -> int:
         bpf = self.bpf
@@ -241,13 +247,15 @@ class RegionProbe:
         release_heap()
 
 
-def switched_reason(count: RegionCount, duty: float) -> str:
+def switched_reason(decision: RegionDecision) -> str:
+    count = decision.count
     return (
-        f"region probes switched on {100 * duty:.0f}% of the time (every {PERIOD_S:g} s or "
-        f"so): the target started {count.per_s:,.0f} regions a second, ~{100 * count.cost:.1f}% "
-        f"of its dispatching thread at {1e6 * count.cost / count.per_s:.1f} us per region, over "
-        f"their {100 * PROBE_BUDGET:.2g}% part of the budget; the sites split the pool's CPU by "
-        "the regions of the on-times"
+        f"region probes switched on {100 * decision.duty:.0f}% of the time (every {PERIOD_S:g} s "
+        f"or so): the target started {count.per_s:,.0f} regions a second, "
+        f"~{100 * count.cost:.1f}% of its dispatching thread at "
+        f"{1e6 * count.cost_per_region_s:.1f} us per region (measured), over their "
+        f"{100 * decision.budget:.2g}% part of the budget; the sites split the pool's CPU by the "
+        "regions of the on-times"
     )
 
 

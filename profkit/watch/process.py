@@ -64,7 +64,7 @@ class ProcessWindow:
     site_stacks: dict[SiteKey, tuple[Frame, ...]]
     python_threads: dict[str, float]  # "name (tid)" -> CPU seconds
     other_threads: dict[str, float]
-    # The part of the time the region probes were on: below 1 where they are switched
+    # The fraction of the time the region probes were on: below 1 where they are switched
     # (watch/probe.py), and regions then counts the on-times' regions only.
     probe_duty: float = 1.0
 
@@ -403,7 +403,7 @@ def split_pool_cpu(
     pool_cpu: float, site_ns: dict[SiteKey, float], probed: float
 ) -> dict[SiteKey, float]:
     """The pool's CPU by site in proportion to region time; where the regions were counted for
-    part of the window only, the rest of its CPU is the unknown site's (given to the sites seen
+    fraction of the window only, the rest of its CPU is the unknown site's (given to the sites seen
     late in the window, a few regions of one site would take all of it)."""
     total_ns = sum(site_ns.values())
     if total_ns <= 0:

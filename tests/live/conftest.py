@@ -165,8 +165,9 @@ def attach(
     *extra: str,
     env: dict[str, str] | None = None,
     duration: float = 4.0,
+    hide: tuple[str, ...] = (),
     **flags: Any,
 ) -> subprocess.CompletedProcess[str]:
-    """`profkit attach` without the report, as the tests run it."""
+    """`profkit attach` without the report, as the tests run it (`hide`: as run_profkit)."""
     args = attach_args(pid, duration=duration, out=out, report=False, extra=extra, **flags)
-    return run_profkit(*args, env=env, timeout=180)
+    return run_profkit(*args, env=env, timeout=180, hide=hide)

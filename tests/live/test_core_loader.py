@@ -1,10 +1,12 @@
 """The prebuilt CO-RE program where bcc cannot run: a mount namespace hides the kernel headers,
-bcc's Python package and perf, as on a GPU or Kubernetes node, and profkit still probes every
-parallel region with its Python stack, samples every thread, and places the pool's CPU by its
-workers' dispatcher stacks where the region probes come off."""
+bcc's Python package, perf and the system's libbpf, as on a GPU or Kubernetes node that has
+only what pip installed, and profkit still probes every parallel region with its Python stack,
+samples every thread, and places the pool's CPU by its workers' dispatcher stacks where the
+region probes come off."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -29,20 +31,24 @@ HIDDEN_DIRS = (
     Path("/lib/modules") / os.uname().release,  # the headers link bcc compiles against
     Path("/usr/lib/python3/dist-packages/bcc"),
 )
-HIDDEN_FILES = (Path("/usr/bin/perf"),)
+# perf, and every copy of the system's libbpf (the loader needs none: the test proves it).
+HIDDEN_FILES = (
+    Path("/usr/bin/perf"),
+    *sorted({Path(p).resolve() for p in glob.glob("/usr/lib/*/libbpf.so*")}),
+    *sorted({Path(p).resolve() for p in glob.glob("/lib/*/libbpf.so*")}),
+)
 
 
-def without_bcc(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """profkit in a private mount namespace where the headers, bcc and perf are empty."""
+def hidden(tmp_path: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """argv in a private mount namespace where the headers, bcc, perf and libbpf are empty."""
     empty_dir, empty_file = tmp_path / "empty", tmp_path / "empty-file"
-    empty_dir.mkdir()
+    empty_dir.mkdir(exist_ok=True)
     empty_file.write_text("")
     mounts = [f"mount --bind {empty_dir} {d}" for d in HIDDEN_DIRS if d.exists()]
-    mounts += [f"mount --bind {empty_file} {f}" for f in HIDDEN_FILES if f.exists()]
+    mounts += [f"mount --bind {empty_file} {f}" for f in sorted(set(HIDDEN_FILES)) if f.exists()]
     script = " && ".join([*mounts, 'exec "$@"'])
-    profkit = [sys.executable, "-m", "profkit", *args]
     return subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *profkit],
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv],
         capture_output=True,
         text=True,
         timeout=180,
@@ -50,12 +56,25 @@ def without_bcc(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def without_bcc(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """profkit where the headers, bcc, perf and libbpf are empty."""
+    return hidden(tmp_path, [sys.executable, "-m", "profkit", *args])
+
+
 def test_doctor_names_core_ready_where_bcc_cannot_compile(tmp_path: Path) -> None:
+    # The namespace really has no libbpf: loading it fails there (and works outside).
+    load = [sys.executable, "-c", "import ctypes; ctypes.CDLL('libbpf.so.1'); print('loaded')"]
+    if any("libbpf" in f.name for f in HIDDEN_FILES):
+        assert subprocess.run(load, capture_output=True, text=True).stdout.strip() == "loaded"
+    inside = hidden(tmp_path, load)
+    assert inside.returncode != 0 and "libbpf.so.1" in inside.stderr, inside
     doctor = without_bcc(tmp_path, "doctor", "--json")
     rows = {row["name"]: row for row in json.loads(doctor.stdout)["checks"]}
-    assert rows["CO-RE (libbpf)"]["status"] == "ok", rows["CO-RE (libbpf)"]
+    assert rows["CO-RE"]["status"] == "ok", rows["CO-RE"]
+    assert "profkit's own loader" in rows["CO-RE"]["detail"], rows["CO-RE"]
     # What only bcc uses is missing and, with CO-RE loading, not needed; perf is its own.
     assert rows["bcc"]["status"] == rows["kernel headers"]["status"] == "not needed", rows
+    assert not rows["bcc"]["fix"] and not rows["kernel headers"]["fix"], rows
     assert rows["perf"]["status"] == "missing", rows["perf"]
 
 
@@ -112,7 +131,8 @@ def test_three_sites_sampled_on_core_without_headers_bcc_or_perf(
     )
     assert captured.returncode == 0, captured.stderr
     ebpf = json.loads((out / "ebpf.json").read_text())
-    assert ebpf["loader"]["name"] == "core" and ebpf["loader"]["libbpf"], ebpf["loader"]
+    assert ebpf["loader"]["name"] == "core", ebpf["loader"]
+    assert ebpf["loader"]["version"].startswith("profkit's own loader"), ebpf["loader"]
     assert ebpf["python"]["walker"] == "on" and ebpf["python"]["counts"]["walked"] > 0
     assert (out / "native.json").exists(), "native stacks named without bcc's symbol cache"
     report = report_of(out)
@@ -132,25 +152,26 @@ def test_region_probes_linked_one_by_one_where_the_kernel_has_no_multi_links(
     original = code_bytes(recipe.pid, addresses)
     assert original and INT3 not in original.values(), original
     script = f"""
-import ctypes, json, sys, time
-from profkit.capture.ebpf import libbpf
-from profkit.capture.ebpf.core_program import load_process
-from profkit.capture.ebpf.region_probes import CoreRegionProbes
-from profkit.capture.ebpf.regions import find_probes, probeable, region_uprobes
+import ctypes, json, os, sys, time
+from profkit.capture.ebpf import program
+from profkit.capture.ebpf.loaders import LoadRequest, core
+from profkit.capture.ebpf.loaders.core import load_core
+from profkit.capture.ebpf.placement.regions import find_probes, probeable, region_uprobes
 from profkit.host.target import inspect
-libbpf.UPROBE_MULTI_KERNEL = (sys.maxsize, 0) if sys.argv[1] == "single" else (0, 0)
+core.UPROBE_MULTI_KERNEL = (sys.maxsize, 0) if sys.argv[1] == "single" else (0, 0)
 target = inspect({recipe.pid})
 copies = [find_probes(i, r) for i, r in enumerate(probeable(target.runtimes))]
 points = [p for copy in copies if copy for p in region_uprobes(copy)]
-core = load_process({recipe.pid}, None, 1024, 1 << 16, 1, 0)
-probes = CoreRegionProbes(core, {recipe.pid})
-probes.attach(points)
+capacities = program.Capacities(sample=1024, region=1 << 16, slice=1)
+loaded = load_core(LoadRequest({recipe.pid}, None, capacities, len(copies)))
+loaded.attach_regions(points)
 time.sleep(1.0)
-probes.detach(True)
-probes.detach(False)
-count = int(core["region_count"][ctypes.c_int(0)].value)
-core.close()
-print(json.dumps({{"multi": core.multi_uprobes, "points": len(points), "regions": count}}))
+loaded.detach_regions(True)
+loaded.detach_regions(False)
+count = int(loaded["region_count"][ctypes.c_int(0)].value)
+multi = loaded.uprobe_links == "multi"
+loaded.close(wait=True)
+print(json.dumps({{"multi": multi, "points": len(points), "regions": count}}))
 """
     for links in ("single", "multi"):
         ran = subprocess.run(
@@ -168,25 +189,24 @@ print(json.dumps({{"multi": core.multi_uprobes, "points": len(points), "regions"
 
 
 def test_a_log_is_read_in_batches_as_written(tmp_path: Path) -> None:
-    """The region log read back through libbpf's batch lookups: the used part only, in index
-    order, each entry as written; the whole array across the kernel's batches."""
-    from profkit.capture.ebpf import core_program, libbpf
+    """The region log read back through the CO-RE table's batch lookups: the used part only, in
+    index order, each entry as written; the whole array across the kernel's batches."""
+    from profkit.capture.ebpf import program
+    from profkit.capture.ebpf.loaders import LoadRequest
+    from profkit.capture.ebpf.loaders.core import load_core, readiness
     from profkit.capture.ebpf.logs import read_log
 
-    if libbpf.readiness():
-        pytest.skip(f"CO-RE unavailable: {libbpf.readiness()}")
+    if readiness():
+        pytest.skip(f"CO-RE unavailable: {readiness()}")
     capacity = 70_000
-    core = libbpf.CoreObject(
-        core_program.OBJECT,
-        core_program.ProcessConfig(py_frame_span=8),
-        {"region_log": capacity},
-        core_program.TYPES,
-    )
+    capacities = program.Capacities(sample=1, region=capacity, slice=1)
+    core = load_core(LoadRequest(os.getpid(), None, capacities, 0))
+    region = program.maps()["region_log"].value
     try:
         log = core["region_log"]
         written = 50_000
         for i in range(0, written, 7):
-            log[i] = core_program.Region(start_ns=i * 3, end_ns=i * 3 + 1, tid=i % 97 + 1)
+            log[i] = region(start_ns=i * 3, end_ns=i * 3 + 1, tid=i % 97 + 1)
         lost = {"regions": 0}
         entries = read_log(core, "region_log", written, lost, "regions")
         assert [index for index, _ in entries] == list(range(written))
@@ -198,7 +218,7 @@ def test_a_log_is_read_in_batches_as_written(tmp_path: Path) -> None:
         assert read_log(core, "region_log", capacity + 5, lost, "regions")[-1][0] == capacity - 1
         assert lost == {"regions": 5}
     finally:
-        core.close()
+        core.close(wait=True)
 
 
 def test_bcc_and_core_captures_probe_one_library_at_once(

@@ -21,7 +21,7 @@ def test_probe_cost_benchmark_prints_every_layout() -> None:
     import subprocess
     import sys
 
-    from profkit.capture.ebpf.loader import BccUnavailable, load_bcc
+    from profkit.capture.ebpf.loaders.bcc import BccUnavailable, load_bcc
 
     try:
         load_bcc()
@@ -55,7 +55,7 @@ def test_probe_toggle_perf_pools_interleaved_rounds() -> None:
     import subprocess
     import sys
 
-    from profkit.capture.ebpf.loader import BccUnavailable, load_bcc
+    from profkit.capture.ebpf.loaders.bcc import BccUnavailable, load_bcc
 
     try:
         load_bcc()

@@ -18,8 +18,9 @@ import pytest
 
 from profkit.bundle.read import load_bundle
 from profkit.capture.budget import REGION_PROBE_PART
+from profkit.capture.ebpf.policy import MIN_DUTY
 
-from ..support import RECIPES, run_profkit
+from ..support import NO_BTF, RECIPES, run_profkit
 from .conftest import StartRecipe, attach
 
 pytestmark = pytest.mark.root
@@ -177,7 +178,7 @@ def test_three_sites_with_the_probes_switched(start_recipe: StartRecipe, tmp_pat
     measuring = attach(recipe.pid, rate, "--budget", "100", "--ebpf-sched", "on", duration=1.0)
     assert measuring.returncode == 0, measuring.stderr
     measured = json.loads((rate / "ebpf.json").read_text())["regions_decision"]
-    assert measured["traced"] is True and "duty" not in measured, measured
+    assert measured["action"] == "keep", measured
     assert measured["regions_per_s"] > 0 and measured["expected_cost"] > 0, measured
     duty = 1 / 3
     budget = 100 * duty * measured["expected_cost"] / REGION_PROBE_PART
@@ -189,7 +190,9 @@ def test_three_sites_with_the_probes_switched(start_recipe: StartRecipe, tmp_pat
     assert captured.returncode == 0, captured.stderr
     ebpf = json.loads((out / "ebpf.json").read_text())
     decision = ebpf["regions_decision"]
-    assert "duty" in decision, f"not switched at --budget {budget:.4g}: {decision}; {measured}"
+    assert decision["action"] == "switch", (
+        f"not switched at --budget {budget:.4g}: {decision}; {measured}"
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     part = REGION_PROBE_PART * manifest["options"]["budget"]["fraction"]
     assert decision["expected_cost"] > part, (decision, part)
@@ -206,11 +209,20 @@ def test_three_sites_with_the_probes_switched(start_recipe: StartRecipe, tmp_pat
     after = decision["regions_after_on_times"]
     assert after <= 6 * (40 * teardown_s + 2), (after, teardown_s)
     assert decision["regions_before_on_times"] > 0, "the rate check's regions are left out"
+    # The duty follows from the rate the recipe is paced at, which the regions of the on-time
+    # give (the probes' part over that rate times the cost a region was measured at); a third
+    # apart at most, as a paced rate moves little between the rate check and the window.
+    rate = len(starts) / ((on[0][1] - on[0][0]) / 1e9)
+    expected = part / (rate * decision["cost_per_region_us"] * 1e-6)
+    assert decision["duty"] == pytest.approx(min(1.0, max(MIN_DUTY, expected)), rel=0.35), (
+        decision,
+        rate,
+    )
     report = report_of(out)
     rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
     assert set(rows) == set(SITES), report["attribution"]
-    # Each on-time cuts a round at its two edges: a few regions per on-time.
-    assert_ratio({site: rows[site]["regions"] for site in SITES}, 0.05)
+    # The on-time's whole rounds count 1:2:3 exactly; its two edges cut a round each.
+    assert_whole_rounds(out, {site: rows[site]["regions"] for site in SITES})
     for site, weight in SITES.items():
         assert rows[site]["share"] == pytest.approx(weight / 6, abs=0.05), rows
 
@@ -303,20 +315,36 @@ def test_unknown_interpreter_falls_back_with_the_reason(
     assert ebpf["regions"]["tid"] and set(ebpf["regions"]["stack"]) == {-1}
 
 
-def test_without_bcc_or_libbpf_the_site_comes_from_pyspy(
+def test_without_ebpf_the_pool_gets_a_site_or_the_command_that_gives_one(
     start_recipe: StartRecipe, tmp_path: Path
 ) -> None:
+    """Neither loader (bcc off, a kernel without BTF for the CO-RE object). Under a budget whose
+    part for py-spy's stops cannot hold even one --native sample a second, py-spy goes
+    --nonblocking, nothing has native frames or region times, and the report says so in one
+    line with the one command that places the pool; that command, run, places it: py-spy's
+    native samples name all three sites."""
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
-    # Neither loader: bcc turned off, and a libbpf that is not there.
-    env = {"PROFKIT_DISABLE_BCC": "1", "PROFKIT_LIBBPF": str(tmp_path / "libbpf.so.1")}
-    captured = attach(recipe.pid, tmp_path / "b", env=env, duration=3.0)
-    assert captured.returncode == 0, captured.stderr
-    report = report_of(tmp_path / "b")
-    notes = [n for n in report["attribution_notes"] if n["pool"] == "openmp"]
-    assert notes and notes[0]["method"] != "stack", notes
-    assert report["pools"][0]["regions_with_stack"] == 0
-    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    env = {"PROFKIT_DISABLE_BCC": "1"}
+    first = attach(recipe.pid, tmp_path / "a", "--budget", "0.1", env=env, hide=NO_BTF)
+    assert first.returncode == 0, first.stderr
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["collectors"]["ebpf"]["status"] == "unavailable"
+    assert manifest["options"]["pyspy_mode"] == "nonblocking", manifest["options"]
+    budget = manifest["options"]["pyspy_native_budget"]
+    command = f"profkit attach --pid {recipe.pid} --pyspy-mode native --budget {100 * budget:g}"
+    assert f"`{command}` would give one" in first.stderr, first.stderr
+    note = next(n for n in report_of(tmp_path / "a")["attribution_notes"] if n["pool"] == "openmp")
+    assert note["method"] == "none" and "\n" not in note["reason"], note
+    assert f"`{command}` would place it" in note["reason"], note
+
+    flags = command.split("--pid", 1)[1].split()[1:]  # the command's own flags, as printed
+    second = attach(recipe.pid, tmp_path / "b", *flags, env=env, duration=6.0, hide=NO_BTF)
+    assert second.returncode == 0, second.stderr
+    report = report_of(tmp_path / "b")
+    note = next(n for n in report["attribution_notes"] if n["pool"] == "openmp")
+    assert note["method"] == "proportional", note
+    rows = {r["function"] for r in report["attribution"] if r["pool"] == "openmp"}
+    assert rows == set(SITES), report["attribution"]
 
 
 def test_every_copy_of_a_runtime_is_probed(start_recipe: StartRecipe, tmp_path: Path) -> None:
@@ -427,7 +455,7 @@ def test_system_libgomp_regions_end_at_the_team_barrier(
     captured = attach(recipe.pid, tmp_path / "b", *args, duration=2.0)
     assert captured.returncode == 0, captured.stderr
     ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
-    assert "duty" not in ebpf["regions_decision"], ebpf["regions_decision"]
+    assert ebpf["regions_decision"]["action"] == "keep", ebpf["regions_decision"]
     (runtime,) = ebpf["runtimes"]
     assert Path(runtime["path"]).resolve() == SYSTEM_LIBGOMP.resolve(), runtime
     assert runtime["end"] == "team barrier", runtime

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from profkit.capture.ebpf.regions import find_probes, probeable
+from profkit.capture.ebpf.placement.regions import find_probes, probeable
 from profkit.host import procfs
 from profkit.host.target import inspect
 from recipes.launch import attach_args, attach_command

@@ -18,6 +18,7 @@ from profkit.capture.budget import (
     StopEstimate,
     auto_mode,
     default_rate,
+    native_budget,
     native_sample_cost_s,
     pyspy_stop_part,
     wilson_lower,
@@ -94,6 +95,24 @@ def test_auto_mode_keeps_native_only_where_one_hertz_fits() -> None:
     assert mode == "nonblocking"
     assert "128 threads on 128 CPUs" in why and "2% budget" in why
     assert auto_mode(128, 0.30, 128, with_probes)[0] == "native"
+
+
+@pytest.mark.parametrize(
+    ("threads", "cpus", "rate"), [(5, 2, 10), (17, 16, 6), (65, 16, 3), (129, 128, 1)]
+)
+def test_the_budget_a_command_asks_for_gives_native_samples(
+    threads: int, cpus: float, rate: int
+) -> None:
+    """The command a capture without eBPF or native frames prints: at its --budget the plan's
+    own rule picks --native, at 10 Hz where 10% holds that, else at the rate 10% holds, and
+    1 Hz at whatever it costs; half a percent less would not hold that rate."""
+    budget = native_budget(threads, cpus)
+    assert budget * 200 == round(budget * 200)  # whole half-percents, as typed on a command line
+    without = pyspy_stop_part(probes=False)
+    assert auto_mode(threads, budget, cpus, without)[0] == "native"
+    assert default_rate(threads, budget, "native", cpus, without) == rate
+    assert default_rate(threads, budget - 0.005, "native", cpus, without) < rate or rate == 1
+    assert budget <= 0.1 or rate == 1
 
 
 def test_stopped_share_ignores_the_attach_pause_and_needs_enough_rows() -> None:

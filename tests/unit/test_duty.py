@@ -13,6 +13,7 @@ import pytest
 from profkit.analysis.attribution import _clip, _worker_time_per_region
 from profkit.bundle.read import EbpfData
 from profkit.capture.ebpf.duty import PERIOD_S, DutyCycle
+from profkit.capture.ebpf.policy import RegionCount, RegionDecision, Spent
 
 
 class Simulated(DutyCycle):
@@ -26,6 +27,7 @@ class Simulated(DutyCycle):
         detach_s: float,
         until_s: float,
         window_s: float | None = None,
+        budget: float = 0.003,
     ) -> None:
         self.now_ns = 0
         self.calls: list[tuple[str, bool, int]] = []
@@ -38,8 +40,9 @@ class Simulated(DutyCycle):
 
             return act
 
+        decision = RegionDecision("switch", RegionCount(1.0, budget / duty), budget, duty)
         super().__init__(
-            duty,
+            decision,
             lambda: self.now_ns,
             change("attach", attach_s),
             change("detach", detach_s),
@@ -50,6 +53,16 @@ class Simulated(DutyCycle):
     def _wait(self, seconds: float) -> bool:
         self.now_ns += int(seconds * 1e9)
         return self.now_ns >= self.limit_ns
+
+    def regions_at(self, rate: float, trap_s: float, program_s: float) -> None:
+        """The target starts `rate` regions a second, each costing `trap_s` in traps and
+        `program_s` in the programs' run time (as the kernel's statistics count it)."""
+
+        def measure() -> Spent:
+            regions = int(rate * self.now_ns / 1e9)
+            return Spent(regions, int(regions * program_s * 1e9), regions * trap_s * 1e9)
+
+        self.measure = measure
 
 
 @pytest.mark.parametrize("duty", [0.05, 0.3, 0.8])
@@ -101,19 +114,21 @@ def test_a_rate_the_caller_just_counted_is_not_counted_again() -> None:
     """The rate check counts a second time when its first count lies near the probes' part; the
     switching then takes that rate and duty, and detaches at once instead of counting for
     RECOUNT_S more."""
-    cycle = Simulated(0.6, attach_s=0.01, detach_s=0.7, until_s=100, window_s=5.0)
-    cycle.entries = lambda: int(1000 * cycle.now_ns / 1e9)  # would give another duty
-    cycle.cost_s, cycle.budget = 17e-6, 0.007
+    cycle = Simulated(0.6, attach_s=0.01, detach_s=0.7, until_s=100, window_s=5.0, budget=0.007)
+    cycle.regions_at(1000, 15e-6, 2e-6)  # would give another duty
     cycle.start(recounted_per_s=690.0)
     assert cycle.recounted_per_s == 690.0 and cycle.duty == 0.6
     assert [(kind, t) for kind, _, t in cycle.calls] == [("detach", 0), ("detach", 700_000_000)]
     cycle.stop()
-    recounting = Simulated(0.6, attach_s=0.01, detach_s=0.7, until_s=100, window_s=5.0)
-    recounting.entries = lambda: int(1000 * recounting.now_ns / 1e9)
-    recounting.cost_s, recounting.budget = 17e-6, 0.007
+    recounting = Simulated(
+        0.6, attach_s=0.01, detach_s=0.7, until_s=100, window_s=5.0, budget=0.007
+    )
+    recounting.regions_at(1000, 15e-6, 2e-6)
     recounting.start()
     assert recounting.recounted_per_s == pytest.approx(1000)
     assert recounting.duty == pytest.approx(0.007 / (1000 * 17e-6))
+    assert recounting.last is not None
+    assert recounting.last.cost_per_region_s == pytest.approx(17e-6)
     assert recounting.calls[0][2] == 300_000_000
     recounting.stop()
 
@@ -140,9 +155,8 @@ def test_probes_switched_while_on_begin_with_their_on_time() -> None:
 def test_probes_that_fit_their_budget_stay_on_without_a_detach() -> None:
     """A long capture whose on-times see few regions: the duty rises to 1, and the probes stay
     on from the first on-time to the end, with no detach after the one before the window."""
-    cycle = Simulated(0.5, attach_s=0.01, detach_s=0.7, until_s=400)
-    cycle.entries = lambda: int(10 * cycle.now_ns / 1e9)  # 10 regions a second
-    cycle.cost_s, cycle.budget = 8.5e-6, 0.013
+    cycle = Simulated(0.5, attach_s=0.01, detach_s=0.7, until_s=400, budget=0.013)
+    cycle.regions_at(10, 7.5e-6, 1e-6)  # 10 regions a second
     cycle.start()
     cycle.window_opened()
     on = cycle.stop()
@@ -231,11 +245,12 @@ def test_a_slice_across_regions_is_split_among_them() -> None:
 
 def test_the_duty_follows_the_rate_the_on_times_see() -> None:
     """The rate check counted regions while the other tools started; the on-times count them
-    again, and the duty settles at budget / (rate x cost) for the rate they see."""
-    cycle = Simulated(0.4, attach_s=0.01, detach_s=0.2, until_s=600)
-    rate, cost_s, budget = 10_000, 8.5e-6, 0.013  # 8.5% of the thread on: a duty of 0.153
-    cycle.entries = lambda: int(rate * cycle.now_ns / 1e9)
-    cycle.cost_s, cycle.budget = cost_s, budget
+    again, with what each cost (the traps and the programs' run time the kernel counted), and
+    the duty settles at budget / (rate x cost) for what they see."""
+    rate, trap_s, program_s, budget = 10_000, 7e-6, 1.5e-6, 0.013  # a duty of 0.153
+    cycle = Simulated(0.4, attach_s=0.01, detach_s=0.2, until_s=600, budget=budget)
+    cycle.regions_at(rate, trap_s, program_s)
+    cost_s = trap_s + program_s
     cycle.start()
     cycle.window_opened()
     cycle.stop()

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from profkit.capture.ebpf import probe_points, returns
-from profkit.capture.ebpf.regions import GOMP_ENTRIES
+from profkit.capture.ebpf.placement import code as returns
+from profkit.capture.ebpf.placement import points as probe_points
+from profkit.capture.ebpf.placement.regions import GOMP_ENTRIES
 
 from .libgomps import BOTH, present
 from .test_returns import known, openblas
@@ -105,8 +106,12 @@ def test_points_of_known_builds(library: Path | None) -> None:
 
 
 def test_openblas_has_no_cet_entry_and_no_team_barrier() -> None:
+    """Built without endbr64: the entry probe sits on exec_blas's own first instruction, a push
+    of a register, which the kernel emulates; no team barrier."""
     path = openblas()
-    assert probe_points.entry_point(path, "exec_blas") is None  # built without endbr64
+    point = probe_points.entry_point(path, "exec_blas")
+    assert point is not None and point.address == returns.symbol_address(path, "exec_blas")
+    assert point.emulated and point.instruction.startswith("push")
     assert probe_points.gomp_region_end(path) is None
 
 
@@ -116,10 +121,21 @@ def test_other_code_gives_no_point(tmp_path: Path) -> None:
     assert probe_points.gomp_region_end(str(tmp_path / "missing.so")) is None
 
 
-def test_a_hit_costs_what_was_measured_for_its_kind() -> None:
+def test_a_region_traps_by_the_kind_of_instruction_each_probe_sits_on() -> None:
+    """What a trap costs is measured by kind (capture/ebpf/costs.py): a region's entry counts as
+    emulated only where every entry point is, its end only at the team barrier's branch."""
+    from profkit.capture.ebpf.placement.regions import KINDS, Entry, RuntimeProbes
+    from profkit.host.target import Runtime
+
     push = probe_points.ProbePoint(0x116E4, "pushq %r13", True)
-    ret = probe_points.ProbePoint(0x1CB2C, "retq", False)
-    assert probe_points.hit_cost_s(push) == probe_points.EMULATED_HIT_S
-    assert probe_points.hit_cost_s(ret) == probe_points.STEPPED_HIT_S
-    assert probe_points.hit_cost_s(None) == probe_points.STEPPED_HIT_S
-    assert probe_points.EMULATED_HIT_S * 5 < probe_points.STEPPED_HIT_S
+    branch = probe_points.ProbePoint(0x1CB2C, "jne 0x1cb60", True)
+    runtime = Runtime("libgomp", "/lib/libgomp.so.1")
+
+    def probes(*entries: Entry, end: probe_points.ProbePoint | None) -> RuntimeProbes:
+        return RuntimeProbes(0, runtime, KINDS["libgomp"], entries, end, ())
+
+    emulated = Entry("GOMP_parallel", push.address, push)
+    at_symbol = Entry("GOMP_parallel_loop_static", 0x1200, None)
+    assert probes(emulated, end=branch).traps() == (True, True)
+    assert probes(emulated, at_symbol, end=branch).traps() == (False, True)
+    assert probes(emulated, end=None).traps() == (True, False)  # a `ret`: single-stepped

@@ -1,18 +1,19 @@
-"""Every output of every recorded bundle, byte for byte against the snapshot taken when it was
-last meant to change: a refactor must not change what a saved bundle reports.
+"""Every output of every recorded bundle against the snapshot taken when it was last meant to
+change: a refactor must not change what a saved bundle reports.
 
-The snapshot holds a SHA-256 per output (tests/data/snapshots.json). When a change is meant to
-change an output, render both trees with scripts/recorded_reports.sh, read the diff, then
-write the new digests with `python -m tests.unit.test_recorded_snapshots --update`.
+The snapshot holds each output as text (tests/data/snapshots/BUNDLE/OUTPUT; pprof as protobuf's
+text format, pstats as its table sorted), so that a changed output fails with its diff. When a
+change is meant to change an output, read that diff, then write the new snapshot with
+`python -m tests.unit.test_recorded_snapshots --update`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import gzip
-import hashlib
 import io
-import json
+import marshal
 import shutil
 import sys
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from profkit.cli import run
 
 from ..support import DATA
 
-SNAPSHOTS = DATA / "snapshots.json"
+SNAPSHOTS = DATA / "snapshots"
 BUNDLES = sorted(p.name for p in DATA.iterdir() if (p / "manifest.json").exists())
 VIEWS = ("merged", "python", "workers", "offcpu")
 # Reports name their bundle's path: render copies at one fixed place.
@@ -45,11 +46,21 @@ def outputs() -> Iterator[tuple[str, list[str]]]:
     yield "timeline.json", ["timeline", "{bundle}", "-o", "{out}"]
 
 
-def digest(path: Path) -> str:
+def as_text(path: Path) -> str:
+    """An output as the snapshot keeps it: text as written, the binary formats decoded."""
     data = path.read_bytes()
     if path.name.endswith(".pprof"):
-        data = gzip.decompress(data)  # the gzip header carries a time
-    return hashlib.sha256(data).hexdigest()
+        from google.protobuf import text_format
+
+        from profkit.render.proto import profile_pb2
+
+        profile = profile_pb2.Profile()
+        profile.ParseFromString(gzip.decompress(data))  # the gzip header carries a time
+        return text_format.MessageToString(profile)
+    if path.name.endswith(".pstats"):
+        stats = marshal.loads(data)
+        return "".join(f"{key!r}: {stats[key]!r}\n" for key in sorted(stats))
+    return data.decode()
 
 
 def render(name: str, work: Path) -> dict[str, str]:
@@ -57,34 +68,44 @@ def render(name: str, work: Path) -> dict[str, str]:
     if bundle.exists():
         shutil.rmtree(bundle)
     shutil.copytree(DATA / name, bundle)
-    digests = {}
+    texts = {}
     for output, args in outputs():
         out = work / f"{name}.{output}"
         argv = [a.format(bundle=bundle, out=out) for a in args]
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             code = run(argv)
         assert code == 0, (output, code)
-        digests[f"{name}.{output}"] = digest(out)
-    return digests
+        texts[output] = as_text(out)
+    return texts
 
 
 @pytest.mark.parametrize("name", BUNDLES)
 def test_recorded_outputs_are_unchanged(name: str, tmp_path: Path) -> None:
-    expected = json.loads(SNAPSHOTS.read_text())
     got = render(name, tmp_path)
-    changed = sorted(k for k, v in got.items() if expected.get(k) != v)
-    assert not changed, f"outputs changed: {changed} (see this module's docstring)"
+    kept = SNAPSHOTS / name
+    diffs = []
+    for output, text in sorted(got.items()):
+        path = kept / output
+        expected = path.read_text() if path.exists() else ""
+        if expected != text:
+            diff = difflib.unified_diff(
+                expected.splitlines(True), text.splitlines(True), f"kept/{output}", f"now/{output}"
+            )
+            diffs.append("".join(list(diff)[:60]))
+    assert not diffs, "outputs changed (see this module's docstring):\n" + "\n".join(diffs)
 
 
 def update() -> None:
     import tempfile
 
-    digests: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as work:
         for name in BUNDLES:
-            digests.update(render(name, Path(work)))
-    SNAPSHOTS.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
-    print(f"{len(digests)} digests written to {SNAPSHOTS}")
+            kept = SNAPSHOTS / name
+            shutil.rmtree(kept, ignore_errors=True)
+            kept.mkdir(parents=True)
+            for output, text in render(name, Path(work)).items():
+                (kept / output).write_text(text)
+    print(f"snapshots of {len(BUNDLES)} bundles written to {SNAPSHOTS}")
 
 
 if __name__ == "__main__":

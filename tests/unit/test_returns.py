@@ -14,7 +14,7 @@ from elftools.dwarf.callframe import FDE
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from profkit.capture.ebpf import returns
+from profkit.capture.ebpf.placement import code as returns
 
 from .libgomps import BOTH, LIBGOMP, SYSTEM_LIBGOMP, present, torch
 

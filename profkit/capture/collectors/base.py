@@ -16,7 +16,7 @@ from ..clock import Clock
 PythonStacks = Literal["auto", "off"]
 EbpfSched = Literal["auto", "on", "off"]
 # How the eBPF programs load: bcc compiles them on the node (headers and a compiler there),
-# or the prebuilt CO-RE object loads through libbpf (BTF is enough); auto takes CO-RE
+# or the prebuilt CO-RE object loads through profkit's own loader (BTF is enough); auto takes CO-RE
 # wherever it loads.
 EbpfLoader = Literal["auto", "core", "bcc"]
 PerfCallgraph = Literal["fp", "dwarf"]
@@ -35,6 +35,9 @@ class CaptureOptions:
     budget: Budget = field(default_factory=Budget)
     pyspy_mode: PySpyMode = "native"  # the plan decides what the command's "auto" means
     pyspy_mode_reason: str = ""  # why the plan chose --nonblocking
+    # Where it chose --nonblocking and no eBPF probe runs, so nothing has native frames or
+    # regions to place the pool: the --budget at which --native would (budget.native_budget).
+    pyspy_native_budget: float | None = None
     python_stacks: PythonStacks = "auto"  # "off": no eBPF stack walker
     ebpf_sched: EbpfSched = "auto"
     ebpf_loader: EbpfLoader = "auto"

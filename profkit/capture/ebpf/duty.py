@@ -30,14 +30,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .policy import RegionCount, RegionDecision, Spent, as_switched, count_between, next_duty
+
 # At this length one detach a period is a small fraction of a percent of a serving front's work
 # (a detach's cost: docs/results/ebpf-cost.md#switching-what-each-edge-costs).
 PERIOD_S = 30.0
-# Below this the on-times are too short and too few to place the pool: the probes are detached.
-# At 0.02 a 5-s window is probed for its last 0.1 s, still about a thousand regions of a flood
-# of small ones; at what a region costs, that keeps the duty to a few percent
-# (docs/results/ebpf-cost.md#switched-on-and-off-a-flood-of-small-regions).
-MIN_DUTY = 0.02
 END_GRACE_S = 0.05
 # The rate check's 0.3 s run while the other tools start, and count fewer regions than the
 # window sees (docs/results/ebpf-cost.md#switched-on-and-off-a-flood-of-small-regions): a
@@ -50,20 +47,18 @@ RECOUNT_S = 0.3
 class DutyCycle:
     """Switches the probes from a thread of its own; start() takes them off."""
 
-    duty: float
+    decision: RegionDecision  # the rate check's: its duty, the probes' part of the budget
     clock: Callable[[], int]
     # attach(entries) / detach(entries): the entry probes when True, the end probes when False.
     attach: Callable[[bool], None]
     detach: Callable[[bool], None]
     # The window's length: None for a capture that runs until stopped.
     window_s: float | None = None
-    # Regions entered so far, the cost of one and the probes' part of the budget: each on-time
-    # but the last measures the rate again and sets the next period's duty from it, as the rate
+    # What the probes have spent so far (policy.Spent): each on-time but the last measures the
+    # rate and the cost a region again and sets the next period's duty from them, as the rate
     # check's 0.3 s ran while the other tools started and can count far fewer regions than the
     # window sees.
-    entries: Callable[[], int] | None = None
-    cost_s: float = 0.0
-    budget: float = 0.0
+    measure: Callable[[], Spent] | None = None
     period_s: float = PERIOD_S
     # The probes are on as the switching starts, and the first period begins with its on-time
     # (`watch`, whose probes were on before their rate was judged and have no window to wait
@@ -71,19 +66,30 @@ class DutyCycle:
     start_on: bool = False
     on_ns: list[tuple[int, int]] = field(default_factory=list)
     recounted_per_s: float = 0.0
+    last: RegionCount | None = None  # the count the duty was last set from
     error: str = ""
     _since: int | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _window: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _random: random.Random = field(default_factory=random.Random)
+    duty: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.duty = self.decision.duty
+        self.last = self.decision.count
+
+    @property
+    def outcome(self) -> RegionDecision:
+        """The decision as the switching left it, for ebpf.json."""
+        return as_switched(self.decision, self.last or self.decision.count, self.duty)
 
     def start(self, recounted_per_s: float | None = None) -> None:
         """Count the regions again and set the duty from that rate (unless the caller has just
         counted them and set it), take the probes off (before the window opens: the detach is
         the costly edge) and start switching them once it does."""
         if recounted_per_s is None:
-            counted, began = self._count(), self.clock()
+            counted, began = self._measured(), self.clock()
             self._wait(RECOUNT_S)
             recounted_per_s = self._adapt(counted, began)
         self.recounted_per_s = recounted_per_s
@@ -121,7 +127,7 @@ class DutyCycle:
                 if last:
                     self._stop.wait()  # on until the window ends; teardown detaches
                     return
-                counted, began = self._count(), self.clock()
+                counted, began = self._measured(), self.clock()
                 if self._wait(self.duty * period_s):
                     return
                 self._adapt(counted, began)
@@ -140,18 +146,20 @@ class DutyCycle:
             self.error = f"region probes stopped switching: {exc}"
             self._close()
 
-    def _count(self) -> int:
-        return self.entries() if self.entries is not None else 0
+    def _measured(self) -> Spent:
+        return self.measure() if self.measure is not None else Spent()
 
-    def _adapt(self, counted: int, began: int) -> float:
-        """The duty from the rate of the on-time just ended; that rate (0 if none)."""
-        seconds = (self.clock() - began) / 1e9
-        if self.entries is None or seconds <= 0 or self.cost_s <= 0:
+    def _adapt(self, counted: Spent, began: int) -> float:
+        """The duty from the rate and the cost a region of the on-time just ended; that rate
+        (0 if none)."""
+        if self.measure is None:
             return 0.0
-        rate = (self._count() - counted) / seconds
-        if rate > 0:
-            self.duty = min(1.0, max(MIN_DUTY, self.budget / (rate * self.cost_s)))
-        return rate
+        count = count_between(counted, self._measured(), (self.clock() - began) / 1e9)
+        if count is None:
+            return 0.0
+        self.last = count
+        self.duty = next_duty(self.decision, count)
+        return count.per_s
 
     def _wait(self, seconds: float) -> bool:
         """Sleep; True when stopped meanwhile."""

@@ -1,5 +1,5 @@
 """Reading the programs' in-kernel logs and counters after the window, whichever loader loaded
-them (bcc's tables or libbpf's, which offer the same access)."""
+them (bcc's tables or the CO-RE loader's, which offer the same access)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from .libbpf import Table
-from .loader import BpfProgram
+from .loaders.bcc import BpfProgram
+from .loaders.bpf import Table
 
 
 def sampled_count(python: dict[str, object]) -> int:
@@ -37,7 +37,7 @@ def read_log(
     lost[which] += max(0, count - capacity)
     if used <= 0 or capacity <= 1:
         return []
-    if isinstance(log, Table):  # libbpf's batch lookup reads the used part alone
+    if isinstance(log, Table):  # the CO-RE table's batch lookup reads the used part alone
         return log.first(used)
     # A batch lookup copies the whole array, used or not: for a log mostly empty, one lookup
     # per used entry is cheaper.

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from .. import demangle
-from .loader import load_bcc
+from .loaders.bcc import load_bcc
 
 # Distinct stacks the in-kernel map holds (keyed by a 64-bit hash of their frames, up to 48
 # user and 24 kernel frames each): about 10 MiB of kernel memory. A sample whose stack does

@@ -24,9 +24,8 @@ from ...host import procfs
 from ...host.pyruntime import CodeResolver, Layout, PyRuntimeUnsupported, detect, self_check
 from ...host.pyruntime import thread_states as read_thread_states
 from ...host.targetfs import SourceLines
-from .loader import BpfProgram
+from .loaders import Program
 
-FRAME_KINDS = {"frameobject": 1, "cframe": 2, "direct": 3}
 # Flags in the kernel's instruction index (probes/pystack.bpf.c): a shim frame, dropped here;
 # an index below the code's first instruction (a frame that has not started) wraps to this.
 SHIM_FRAME = 0x8000_0000
@@ -38,23 +37,6 @@ REFRESH_S = 0.5
 LISTED_PER_S = 2000
 
 
-def compile_flags(layout: Layout) -> list[str]:
-    """The layout as preprocessor definitions for probes/pystack.bpf.c and openmp.bpf.c."""
-    values = {
-        "PY_FRAME_KIND": FRAME_KINDS[layout.frame_kind],
-        "PY_TSTATE_FRAME": layout.tstate_frame,
-        "PY_CFRAME_CURRENT": max(0, layout.cframe_current_frame),
-        "PY_FRAME_CODE": layout.frame_code,
-        "PY_FRAME_PREVIOUS": layout.frame_previous,
-        "PY_FRAME_INSTR": layout.frame_instr,
-        "PY_FRAME_OWNER": layout.frame_owner,
-        "PY_OWNER_CSTACK": layout.owner_cstack,
-        "PY_CODE_ADAPTIVE": max(0, layout.code_adaptive),
-        "PY_FRAME_SPAN": layout.frame_span(),
-    }
-    return ["-DPYSTACK", *(f"-D{name}={value}" for name, value in values.items())]
-
-
 @dataclass
 class PythonWalker:
     """One target's walker: prepare() before compiling, attach() once loaded, read() at stop."""
@@ -63,7 +45,7 @@ class PythonWalker:
     layout: Layout | None = None
     reason: str = ""
     refreshes: int = 0
-    _bpf: BpfProgram | None = None
+    _bpf: Program | None = None
     _known: set[int] = field(default_factory=set)
     _mapped: dict[int, int] = field(default_factory=dict)  # in the kernel's map: their states
     # Python threads past the thread map's capacity (probes/pywalk.h): their stacks go unread.
@@ -75,26 +57,27 @@ class PythonWalker:
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def prepare(self) -> list[str]:
-        """Compile flags for the walker, or [] with `reason` set when it cannot run here."""
+    def prepare(self) -> bool:
+        """Whether the walker can run on the target: its interpreter's layout is known and
+        passes the self-check; else `reason` says why not."""
         try:
             layout = detect(self.pid)
             self_check(self.pid, layout)
         except PyRuntimeUnsupported as exc:
             self.reason = f"Python stack walker off: {exc}"
-            return []
+            return False
         except OSError as exc:
             self.reason = f"Python stack walker off: cannot read the target: {exc}"
-            return []
+            return False
         self.layout = layout
-        return compile_flags(layout)
+        return True
 
     @property
     def running(self) -> bool:
         """The walker's layout is known and its program is attached."""
         return self.layout is not None and self._bpf is not None
 
-    def attach(self, bpf: BpfProgram) -> None:
+    def attach(self, bpf: Program) -> None:
         """Seed the thread map, then keep it current while the window is open."""
         self._bpf = bpf
         self._refresh()

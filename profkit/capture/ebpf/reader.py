@@ -1,7 +1,7 @@
 """What the window's programs hold, read once the window has closed: the tables ebpf.json and
 native.json are written from, whichever loader loaded the programs (their maps are read by
-name, bcc's tables and libbpf's alike). The collector decides what was attached and when; this
-module only reads."""
+name, bcc's tables and the CO-RE loader's alike). The collector decides what was attached and
+when; this module only reads."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...host.target import Target
-from .loader import BpfProgram
+from .loaders import Program
 from .logs import read_regions, read_samples, read_sched, region_columns, slice_columns
 from .native import native_tables, read_stacks
 from .pywalk import PythonWalker
@@ -29,6 +29,7 @@ class ReadPlan:
     native: bool  # and took native stacks
     sample_hz: int
     name_frames: bool  # name native frames from the files' symbol tables (no bcc cache)
+    sched: bool  # the scheduler's tracepoints were on
 
 
 @dataclass
@@ -49,8 +50,7 @@ class EbpfTables:
 
 
 def read_tables(
-    process: BpfProgram | None,
-    sched: BpfProgram | None,
+    process: Program | None,
     walker: PythonWalker | None,
     plan: ReadPlan,
     lost: dict[str, int],
@@ -61,8 +61,8 @@ def read_tables(
     # Off-CPU time per (Python stack, thread), the intervals still open at the window's end
     # closed there, as the threads' on/off-CPU times are.
     offcpu_by_stack: dict[tuple[int, int], list[int]] = {}
-    if sched is not None:
-        tables = read_sched(sched, plan.end_ns, lost)
+    if process is not None and plan.sched:
+        tables = read_sched(process, plan.end_ns, lost)
         out.threads, out.wakeups = tables.threads, tables.wakeups
         out.slices, offcpu_by_stack = tables.slices, tables.offcpu_by_stack
     out.python = {"walker": "off", "reason": "no OpenMP region probe"}
@@ -93,7 +93,7 @@ def read_tables(
         lost["python_samples"] = samples.lost
         if plan.native:
             out.native = _native(process, samples.rows, samples.lost, plan)
-    if sched is not None and stack_index:
+    if plan.sched and stack_index:
         out.python["offcpu"] = {
             "tid": [tid for (_, tid) in offcpu_by_stack],
             "stack": [stack_index.get(stack, -1) for (stack, _) in offcpu_by_stack],
@@ -107,7 +107,7 @@ def read_tables(
     return out
 
 
-def _native(process: BpfProgram, rows: list, lost: int, plan: ReadPlan) -> dict[str, Any]:
+def _native(process: Program, rows: list, lost: int, plan: ReadPlan) -> dict[str, Any]:
     """Every thread's native stacks, where the sampler took them, as perf.json's tables."""
     pid = plan.target.pid
     # Imported here: it brings numpy, a tenth of a second start-up need not wait for.
