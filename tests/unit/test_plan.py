@@ -36,8 +36,16 @@ def test_a_tiny_budget_sends_pyspy_nonblocking_and_says_why() -> None:
     plan = plan_capture(this_process(65), "proc,pyspy", 7, options)
     assert plan.options.pyspy_mode == "nonblocking"
     assert plan.rate_hz == 7, "a rate asked for is kept"
-    assert plan.notes[-1].startswith("py-spy goes --nonblocking: ")
-    assert "0.1% budget" in plan.notes[-1]
+    goes = [note for note in plan.notes if note.startswith("py-spy goes --nonblocking: ")]
+    assert len(goes) == 1 and "0.1% budget" in goes[0], plan.notes
+    # Nothing else places the pool (no eBPF in the set): the one command that would.
+    budget = plan.options.pyspy_native_budget
+    assert budget is not None and budget > 0.001
+    assert plan.notes[-1] == (
+        "note: without eBPF or native frames the pool gets no call site: "
+        f"`profkit attach --pid {os.getpid()} --pyspy-mode native --budget {100 * budget:g}` "
+        "would give one"
+    )
     # Without py-spy in the set the mode is still planned (the manifest records it), but a
     # note about a tool that does not run would mislead.
     plan = plan_capture(this_process(65), "proc", 7, options)
