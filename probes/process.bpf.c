@@ -66,6 +66,7 @@ struct process_config {
     s32 py_owner_cstack;
     u32 py_code_adaptive;
     u32 py_frame_span;
+    u32 py_code_tag;  // low bits of a frame's code reference that tag it (3.14: a _PyStackRef)
     // benchmarks/region_cost.py's parts of a region's cost; 0 in a capture.
     enum cost_parts cost_parts;
 };
@@ -82,6 +83,7 @@ const volatile struct process_config cfg = {};
 #define PY_OWNER_CSTACK cfg.py_owner_cstack
 #define PY_CODE_ADAPTIVE cfg.py_code_adaptive
 #define PY_FRAME_SPAN cfg.py_frame_span
+#define PY_CODE_TAG cfg.py_code_tag
 #include "pywalk.h"
 
 // --- The Python stack walker ---
@@ -108,16 +110,27 @@ struct {
     __type(value, u64);
 } tstates SEC(".maps");
 
+// One scratch per kind of program and CPU: the sampler (a perf event, in hard interrupt) can fire
+// in the middle of a region probe's walk on the same CPU, and a shared scratch would store the
+// sampler's frames under the probe's stack id.
+#define SCRATCH_SAMPLER 0
+#define SCRATCH_PROBES 1
+#define SCRATCH_SCHED 2
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-    __uint(max_entries, 1);
+    __uint(max_entries, 3);
     __type(key, u32);
-    __type(value, struct pystack);
+    __type(value, struct pyscratch);
 } pystack_scratch SEC(".maps");
 
+// Each distinct stack once (3 KB at the bound of 256 frames), allocated as stacks are first
+// seen rather than all at load: a capture holds some hundreds or thousands of them. Kernels
+// before 6.1 refuse such a map in a perf-event program: the loaders make it preallocated there,
+// with fewer entries (program.py, stack_map).
 struct {
     __uint(type, BPF_MAP_TYPE_HASH);
     __uint(max_entries, 16384);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
     __type(key, u64);
     __type(value, struct pystack);
 } pystacks SEC(".maps");
@@ -148,12 +161,12 @@ static __always_inline void count_walk(u32 which) {
 // The stack's id (pywalk.h), stored once; 0 means "no stack". The thread state may be another
 // thread's of the same process (a pool worker's sample reads its dispatcher's stack): the
 // frames are read from the process's memory, which every thread of it shares.
-static __always_inline u64 walk_tstate(u64 tstate) {
-    u32 zero = 0;
-    struct pystack *s = bpf_map_lookup_elem(&pystack_scratch, &zero);
-    if (!s)
+static __always_inline u64 walk_tstate(u64 tstate, u32 scratch) {
+    struct pyscratch *sc = bpf_map_lookup_elem(&pystack_scratch, &scratch);
+    if (!sc)
         return 0;
-    struct pywalk walked = py_walk(tstate, s);
+    struct pystack *s = &sc->stack;
+    struct pywalk walked = py_walk(tstate, sc);
     if (walked.failed)
         count_walk(2);
     if (s->truncated)
@@ -173,7 +186,7 @@ static __always_inline u64 walk_tstate(u64 tstate) {
 }
 
 // The current thread's own stack; a thread the map does not hold is counted where asked.
-static __always_inline u64 walk_python(u32 count_missing) {
+static __always_inline u64 walk_python(u32 count_missing, u32 scratch) {
     if (!cfg.walker_on)
         return 0;
     u32 tid = bpf_get_current_pid_tgid();
@@ -185,7 +198,7 @@ static __always_inline u64 walk_python(u32 count_missing) {
     }
     if (cfg.cost_parts & COST_LOOKUP_ONLY)
         return 0;
-    return walk_tstate(*tstate);
+    return walk_tstate(*tstate, scratch);
 }
 
 // --- The on-CPU sampler ---
@@ -360,7 +373,7 @@ int on_cpu_sample(void *ctx) {
     if (cfg.native_stacks_on)
         sample.native = native_stack(ctx);
     sample.t_ns = bpf_ktime_get_ns();
-    sample.stack = tstate ? walk_tstate(*tstate) : 0;
+    sample.stack = tstate ? walk_tstate(*tstate, SCRATCH_SAMPLER) : 0;
     sample.tid = tid;
     u32 zero = 0;
     u64 *next = bpf_map_lookup_elem(&sample_count, &zero);
@@ -472,7 +485,7 @@ static __always_inline int region_entry(struct pt_regs *ctx, u64 cookie) {
     barrier_var(parm3);
     u32 requested = where == REQUESTED_PARM1 ? parm1 : where == REQUESTED_PARM3 ? parm3 : 0;
     u32 tid = bpf_get_current_pid_tgid();
-    u64 stack = walk_python(1);
+    u64 stack = walk_python(1, SCRATCH_PROBES);
     if (stack) {
         struct pystack_key key = {stack, runtime, 0};
         struct pystack_stats *stats = bpf_map_lookup_elem(&pystack_stats, &key);
@@ -655,7 +668,7 @@ static __always_inline int switched(u32 prev, u32 next, u32 voluntary) {
             }
             t->last_out_ns = now;
             t->last_in_ns = 0;
-            t->off_stack = walk_python(0);
+            t->off_stack = walk_python(0, SCRATCH_SCHED);
             if (voluntary)
                 t->voluntary++;
             else

@@ -1,9 +1,8 @@
 """The case study's hot path as a runnable process.
 
-Each iteration allocates a fresh POSIX shared-memory segment and copies a tensor into it, as a
-multimodal front end does per request. `--copy torch` goes through `Tensor.copy_()`, which ATen
-splits across its intra-op OpenMP pool; `--copy numpy` writes the same bytes through a numpy view,
-which never touches the pool.
+Each iteration copies a tensor into a fresh POSIX shared-memory segment, as a multimodal front end
+does per request. `--copy torch` goes through `Tensor.copy_()`, which ATen splits across its
+intra-op OpenMP pool; `--copy numpy` writes the bytes through a numpy view, never the pool.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -48,7 +48,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="copy into one shared-memory segment every time, not a fresh one per copy (a "
         "flood of small regions: creating a segment costs more than a small copy)",
     )
+    parser.add_argument(
+        "--depth", type=int, default=0, help="run the copy loop this many Python frames deeper"
+    )
     return parser.parse_args(argv)
+
+
+def deeper(depth: int, call: Callable[[], int]) -> int:
+    """call() from `depth` frames down: a dispatcher as deep as a model's code puts it."""
+    if depth > 0:
+        return deeper(depth - 1, call)
+    return call()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,28 +81,33 @@ def main(argv: list[str] | None = None) -> int:
         f"tensor_mb={args.tensor_mb}",
         flush=True,
     )
-    copies = 0
     started = time.monotonic()
-    last_report = started
     deadline = started + args.duration if args.duration > 0 else float("inf")
     kept = shared_memory.SharedMemory(create=True, size=source.numel() * 4) if args.reuse else None
-    while not stop and time.monotonic() < deadline:
-        if kept is not None:
-            copy(source, kept)
-        else:
-            shm = shared_memory.SharedMemory(create=True, size=source.numel() * 4)
-            try:
-                copy(source, shm)
-            finally:
-                shm.close()
-                shm.unlink()
-        copies += 1
-        if args.pause_ms:
-            time.sleep(args.pause_ms / 1000)
-        now = time.monotonic()
-        if args.report_every and now - last_report >= args.report_every:
-            print(f"progress copies={copies} t_ns={time.monotonic_ns()}", flush=True)
-            last_report = now
+
+    def loop() -> int:
+        copies = 0
+        last_report = started
+        while not stop and time.monotonic() < deadline:
+            if kept is not None:
+                copy(source, kept)
+            else:
+                shm = shared_memory.SharedMemory(create=True, size=source.numel() * 4)
+                try:
+                    copy(source, shm)
+                finally:
+                    shm.close()
+                    shm.unlink()
+            copies += 1
+            if args.pause_ms:
+                time.sleep(args.pause_ms / 1000)
+            now = time.monotonic()
+            if args.report_every and now - last_report >= args.report_every:
+                print(f"progress copies={copies} t_ns={time.monotonic_ns()}", flush=True)
+                last_report = now
+        return copies
+
+    copies = deeper(args.depth, loop)
     if kept is not None:
         kept.close()
         kept.unlink()

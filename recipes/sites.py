@@ -15,6 +15,8 @@ the file under another name, as a package that bundles its own runtime brings on
 process maps two copies and both run regions.
 --pool blas: the region is a 400x400 matrix product on numpy's bundled OpenBLAS pool.
 --thread: the rounds run on a second Python thread, not the main one.
+--depth N: the rounds run N Python frames deeper than main (a deep stack the walker must read
+whole).
 --shuffle: each round's six regions run in a fresh random order. Paced rounds start after a
 pause, and the first region of a round wakes workers that slept through it, a cost the other
 regions do not pay; in order, that cost would always fall on site_one. Shuffled, it falls on
@@ -164,6 +166,13 @@ def run(dispatch, stop, rounds_per_s, counter, shuffle=False):
             time.sleep(max(0.0, due - time.monotonic()))
 
 
+def deeper(depth, call):
+    """call() from `depth` frames down."""
+    if depth > 0:
+        return deeper(depth - 1, call)
+    return call()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -174,6 +183,7 @@ def main(argv=None):
     parser.add_argument("--rounds-per-s", type=float, default=0.0, help="0: as fast as it can")
     parser.add_argument("--thread", action="store_true", help="dispatch from a second thread")
     parser.add_argument("--shuffle", action="store_true", help="each round in a random order")
+    parser.add_argument("--depth", type=int, default=0, help="frames deeper than main")
     args = parser.parse_args(argv)
     dispatch = make_dispatch(args.pool, args.threads, args.mb)
     stop = threading.Event()
@@ -191,6 +201,8 @@ def main(argv=None):
         worker.start()
         while worker.is_alive():
             worker.join(0.2)  # main waits
+    elif args.depth:
+        deeper(args.depth, lambda: run(dispatch, stop, args.rounds_per_s, counter, args.shuffle))
     else:
         run(dispatch, stop, args.rounds_per_s, counter, args.shuffle)
     print(f"rounds={counter[0]}", flush=True)

@@ -11,9 +11,10 @@ APT_PACKAGES=(linux-perf bpfcc-tools python3-bpfcc linux-headers-amd64 binutils)
 # The real consumers the tests hand profkit's outputs to: a browser, Go's pprof, speedscope,
 # Prometheus (and its promtool) for `watch`'s metrics and alert rules, tmux for `top`'s screen;
 # gcc brings Debian's libgomp1, a second shape of OpenMP runtime for the region probes.
+# patchelf makes Debian sid's CPython 3.14/3.15 run here (scripts/fetch_cpython.sh).
 # clang, bpftool and libbpf-dev (its bpf_helpers.h) build the CO-RE object again, to check it
 # against its source.
-TEST_APT_PACKAGES=(chromium gcc golang-go nodejs npm prometheus tmux clang bpftool libbpf-dev)
+TEST_APT_PACKAGES=(chromium gcc golang-go nodejs npm prometheus tmux clang bpftool libbpf-dev patchelf)
 WITH_TEST_TOOLS=0
 [ "${1:-}" = "--test" ] && WITH_TEST_TOOLS=1
 
@@ -97,9 +98,21 @@ install_speedscope() {
   fi
 }
 
+install_new_pythons() {
+  # CPython 3.14 and 3.15 as Debian builds them, for the walker's tests (scripts/fetch_cpython.sh).
+  [ "$WITH_TEST_TOOLS" = 1 ] || return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    say "no root or apt-get: the CPython 3.14/3.15 tests will say what is missing"
+    return
+  fi
+  say "CPython 3.14 and 3.15 (Debian sid) into .cache/cpython"
+  bash scripts/fetch_cpython.sh .cache/cpython 3.14 3.15
+}
+
 install_debian_packages
 link_kernel_headers
 mount_tracefs
 make_venv
 install_speedscope
+install_new_pythons
 say "ready"

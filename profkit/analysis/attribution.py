@@ -44,7 +44,7 @@ from ..bundle.read import (
     PythonSamples,
 )
 from .activity import SPIN, WORK, classify_stack
-from .frames import KERNEL_DSO, KERNEL_OPS, OPENMP_DSOS, aten_op, is_openmp_frame
+from .frames import KERNEL_DSO, KERNEL_OPS, OPENMP_DSOS, aten_op, is_openmp_frame, user_frame
 
 # py-spy stamps a sample after unwinding it, a little after the moment the thread was stopped.
 # How the pool's CPU was split over the sites: by the walker's stack per region, by the
@@ -70,6 +70,12 @@ class SiteShare:
     samples: int
     code: str | None
     stack: tuple[Frame, ...] = ()  # the site's Python stack, outermost first (stack method)
+
+    @property
+    def user(self) -> Frame | None:
+        """The program's own line that led to the site (frames.user_frame), where the site's
+        stack is known and has one."""
+        return user_frame(self.stack)
 
 
 @dataclass(frozen=True)

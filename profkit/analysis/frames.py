@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+
+from ..bundle.frames import Frame
 
 OPENMP_DSOS = re.compile(r"lib(gomp|iomp5|omp)[^/]*\.so")
 OPENMP_FORK = re.compile(r"^(GOMP_parallel\w*|__kmpc_fork_call|at::internal::invoke_parallel)")
@@ -74,3 +77,26 @@ def kernel_kind(names: list[str]) -> str:
     if any(SCHEDULER.match(n) for n in names):
         return "scheduler"
     return "other_kernel"
+
+
+# Code that is not the program's own: the interpreter's standard library (lib/pythonX.Y, frozen
+# modules) and installed packages (site- and dist-packages). What is neither is the user's.
+INSTALLED_CODE = re.compile(r"/(?:site|dist)-packages/")
+STANDARD_LIBRARY = re.compile(r"/lib/python\d+(?:\.\d+)?t?/|^<frozen |^<string>$")
+
+
+def is_user_code(frame: Frame) -> bool:
+    """A Python frame of the program's own code: not the standard library, not a package."""
+    return (
+        frame.is_python
+        and bool(frame.file)
+        and not frame.file.startswith("<")
+        and not INSTALLED_CODE.search(frame.file)
+        and not STANDARD_LIBRARY.search(frame.file)
+    )
+
+
+def user_frame(stack: Sequence[Frame]) -> Frame | None:
+    """The innermost frame of the program's own code in a stack (outermost first): the line of
+    the user's that led to the site, where the stack has one."""
+    return next((f for f in reversed(stack) if is_user_code(f)), None)

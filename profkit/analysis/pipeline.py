@@ -43,6 +43,40 @@ class Report:
     quota: QuotaUse | None
     findings: tuple[Finding, ...]
     missing: dict[str, str]
+    cut: CutStacks | None = None  # the eBPF walker's samples whose stack it cut at its bound
+
+
+@dataclass(frozen=True)
+class CutStacks:
+    """The eBPF walker's samples in the window (the Python threads' and the workers' with their
+    dispatcher's stack), how many of them carry a stack cut at the walker's bound, and that
+    bound: a cut stack's root is [truncated] in every view."""
+
+    samples: int
+    cut: int
+    bound_frames: int
+
+
+def cut_stacks(bundle: Bundle, window: tuple[int, int]) -> CutStacks | None:
+    sched = bundle.sched
+    if sched is None or not sched.python_stacks:
+        return None
+    cut = np.array([s.truncated for s in sched.python_stacks] + [False], dtype=bool)
+    bound = max((len(s.frames) - 1 for s in sched.python_stacks if s.truncated), default=0)
+    samples = cut_count = 0
+    own = bundle.pyspy if bundle.pyspy is not None and bundle.pyspy.source == "ebpf" else None
+    if own is not None:
+        inside = (own.start_ns >= window[0]) & (own.start_ns <= window[1])
+        marked = np.array([bool(s) and own.frames[s[0]].is_truncation for s in own.stacks])
+        samples += int(inside.sum())
+        cut_count += int(marked[own.stack[inside]].sum()) if len(marked) else 0
+    dispatched = sched.dispatched
+    if dispatched is not None:
+        inside = (dispatched.t_ns >= window[0]) & (dispatched.t_ns <= window[1])
+        stacks = dispatched.stack[inside & (dispatched.stack >= 0)]
+        samples += len(stacks)
+        cut_count += int(cut[stacks].sum())
+    return CutStacks(samples, cut_count, bound)
 
 
 def analyse(bundle: Bundle) -> Report:
@@ -59,7 +93,14 @@ def analyse(bundle: Bundle) -> Report:
     tids = [t.tid for t in cpu.threads]
     busy = {t.tid for t in cpu.threads if t.cpu_seconds / cpu.seconds >= 0.01}
     roles, pools = classify(bundle, tids, {t.tid: t.name for t in cpu.threads}, busy)
-    recon = reconcile(cpu, roles, bundle.pyspy, (cpu.start_ns, cpu.end_ns), bundle.perf)
+    recon = reconcile(
+        cpu,
+        roles,
+        bundle.pyspy,
+        (cpu.start_ns, cpu.end_ns),
+        bundle.perf,
+        bundle.manifest.target.thread_names,
+    )
     target = bundle.manifest.target
     quota = quota_use(
         bundle.cgroup,
@@ -137,6 +178,7 @@ def analyse(bundle: Bundle) -> Report:
         quota,
         sort_findings(findings),
         bundle.missing(),
+        cut_stacks(bundle, window),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +53,7 @@ def reconcile(
     spans: PythonSamples | None,
     window: tuple[int, int],
     perf: PerfSamples | None = None,
+    names: Mapping[int, str] | None = None,
 ) -> Reconciliation:
     """Split the process's CPU into Python, native-under-Python, pool workers and other threads.
 
@@ -59,13 +61,14 @@ def reconcile(
     fraction of the window its samples cover: what a perfect py-spy would account for. Within those
     threads, interpreted Python and native code are told apart by perf's on-CPU samples (leaf in
     the interpreter or not) when perf ran, else by py-spy's --native samples (leaf frame Python
-    or native, leaving out samples waiting in a blocking call).
+    or native, leaving out samples waiting in a blocking call). `names`: what each thread is
+    called in the report where the capture knew better than its comm (threading's names).
     """
     by_tid = {r.tid: r for r in roles}
     threads = tuple(
         ThreadShare(
             t.tid,
-            t.name,
+            (names or {}).get(t.tid) or t.name,
             by_tid[t.tid].role if t.tid in by_tid else OTHER,
             by_tid[t.tid].pool if t.tid in by_tid else None,
             t.cpu_seconds / cpu.seconds,

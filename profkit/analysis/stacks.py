@@ -55,6 +55,8 @@ class Stacks:
 
 
 def _py_node(frame: Frame) -> Node:
+    if frame.is_truncation:
+        return Node(frame.function, SYNTHETIC)
     if frame.is_python:
         short = frame.file.rsplit("/", 1)[-1]
         return Node(f"{frame.function} ({short}:{frame.line})", PYTHON)

@@ -42,3 +42,12 @@ class Frame:
     @property
     def label(self) -> str:
         return f"{self.file}:{self.line}"
+
+    @property
+    def is_truncation(self) -> bool:
+        return self == TRUNCATED_ROOT
+
+
+# The outermost frame of a stack the walker cut at its bound (docs/collectors.md): cut stacks
+# then share one root in every view instead of posing as roots of their own.
+TRUNCATED_ROOT = Frame("", "[truncated]", 0, python=False)

@@ -12,7 +12,7 @@ from typing import Literal, TypedDict
 import numpy as np
 
 from ..errors import BadBundle
-from .frames import Frame
+from .frames import TRUNCATED_ROOT, Frame
 from .load import (
     MIN_CORES,
     BundleFiles,
@@ -135,6 +135,9 @@ class EbpfData:
     python_stacks: tuple[PyStack, ...] = ()
     walker: str = "off"  # "on" when the eBPF stack walker ran
     walker_reason: str = ""
+    # The target's interpreter as the walker found it: "3.14.10, static (in python3.14), layout
+    # from _Py_DebugOffsets"; empty where the bundle does not say.
+    python_interpreter: str = ""
     # The pool of the runtime copy that started each region ("openmp", "openblas"; pool_names).
     region_pool: np.ndarray | None = None
     runtimes: tuple[dict, ...] = ()  # every runtime copy probed, by index
@@ -350,7 +353,9 @@ def _py_stacks(python: Fields | None) -> tuple[PyStack, ...]:
         return ()
     return tuple(
         PyStack(
-            frames=_py_frames(stack),
+            frames=(TRUNCATED_ROOT, *_py_frames(stack))
+            if stack.flag("truncated")
+            else _py_frames(stack),
             regions=stack.integer("regions", 0),
             region_ns=stack.integer("region_ns", 0),
             truncated=stack.flag("truncated"),
@@ -558,6 +563,7 @@ class _PythonFields(TypedDict):
     python_offcpu: tuple[tuple[int, int, float], ...]
     walker: str
     walker_reason: str
+    python_interpreter: str
     dispatched: DispatchedSamples | None
 
 
@@ -591,6 +597,7 @@ def _python_fields(python: Fields | None, stacks: tuple[PyStack, ...]) -> _Pytho
             "python_offcpu": (),
             "walker": "off",
             "walker_reason": "",
+            "python_interpreter": "",
             "dispatched": None,
         }
     offcpu = python.columns("offcpu", {"tid": 0, "stack": None, "ns": 0}, optional=True)
@@ -605,8 +612,21 @@ def _python_fields(python: Fields | None, stacks: tuple[PyStack, ...]) -> _Pytho
         ),
         "walker": python.text("walker", "off"),
         "walker_reason": python.text("reason", ""),
+        "python_interpreter": _interpreter(python),
         "dispatched": _dispatched(python, len(stacks)),
     }
+
+
+def _interpreter(python: Fields) -> str:
+    version = python.text("full_version", "") or python.text("version", "")
+    if not version:
+        return ""
+    parts = [f"Python {version}"]
+    if python.text("build", ""):
+        parts.append(python.text("build", ""))
+    if python.text("layout", ""):
+        parts.append(f"layout from {python.text('layout', '')}")
+    return ", ".join(parts)
 
 
 def _dispatched(python: Fields, stacks: int) -> DispatchedSamples | None:

@@ -124,15 +124,24 @@ def default_directory(pid: int) -> Path:
 
 
 def target_record(
-    target: Target, thread_names: dict[int, str], torch_version: str | None
+    target: Target,
+    thread_names: dict[int, str],
+    torch_version: str | None,
+    python_names: dict[int, str] | None = None,
 ) -> dict[str, object]:
+    """The manifest's target. A thread's name is the one Python's threading gave it where it
+    has one (host/pythreads.py), else the kernel's comm, which `comm` keeps either way."""
+    python_names = python_names or {}
     pool, source = pool_threads(target)
     return {
         "pid": target.pid,
         "start_ticks": target.start_ticks,
         "cmdline": list(target.cmdline),
         "exe": target.exe,
-        "threads": [{"tid": tid, "name": name} for tid, name in sorted(thread_names.items())],
+        "threads": [
+            {"tid": tid, "name": python_names.get(tid, name), "comm": name}
+            for tid, name in sorted(thread_names.items())
+        ],
         "runtimes": [{"name": r.name, "path": r.path} for r in target.runtimes],
         "openmp_runtime": target.openmp_runtime.path if target.openmp_runtime else None,
         "torch": target.has_torch,

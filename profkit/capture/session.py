@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..host import procfs
 from ..host.cgroup import cpu_cgroup
+from ..host.pythreads import python_thread_names
 from ..host.quota import diagnose
 from ..host.target import Target, ensure_same, pool_threads
 from .budget import DROP, HANG_S, NONBLOCKING, STOP_LIMIT, BudgetMonitor, Decision, times
@@ -203,8 +204,9 @@ class Session:
         """Write the first manifest (what is captured, and how), then start the collectors."""
         request, target = self.request, self.request.target
         names = procfs.thread_names(target.pid)
+        python_names = python_thread_names(target.pid)[0] if target.is_python else {}
         manifest = new_manifest(
-            target_record(target, names, torch_version_of(target)),
+            target_record(target, names, torch_version_of(target), python_names),
             _quota(target),
             _options_record(request),
         )

@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
-from ..errors import EXIT_CAPABILITY, EXIT_OK
+from ..errors import EXIT_CAPABILITY, EXIT_OK, NoSuchProcess
 from ..host.capabilities import NOT_NEEDED, OK, run_checks
 from ..render.table import table
 from .options import json_option
 
 
 @click.command()
+@click.option(
+    "--pid",
+    type=int,
+    help="Also name this target's Python: its version, its build (shared or static "
+    "libpython) and where the walker's layout comes from.",
+)
 @json_option
-def doctor(as_json: bool) -> int:
+def doctor(pid: int | None, as_json: bool) -> int:
     """Check what this machine lets profkit do (exit 7 if a core capability is missing)."""
-    checks = run_checks()
+    if pid is not None and not os.path.exists(f"/proc/{pid}"):
+        raise NoSuchProcess(f"pid {pid}: no such process")
+    checks = run_checks(pid)
     core_ok = all(c.passed for c in checks if c.core)
     if as_json:
         click.echo(

@@ -303,6 +303,24 @@ def check_core() -> Check:
     return Check(CORE_CHECK, MISSING, f"load failed: {last[:160]}", "run as root with CAP_BPF")
 
 
+def check_python_target(pid: int) -> Check:
+    """The target's interpreter as the eBPF walker finds it: version, build, where its layout
+    comes from, and whether the walker passes its self-check there."""
+    from .pyruntime import PyRuntimeUnsupported, detect, self_check
+
+    name = f"python (pid {pid})"
+    try:
+        layout = detect(pid)
+    except PyRuntimeUnsupported as exc:
+        return Check(name, UNSUPPORTED, f"{exc}: py-spy samples it instead")
+    found = f"Python {layout.version_text}, {layout.build}, layout from {layout.source}"
+    try:
+        self_check(pid, layout)
+    except PyRuntimeUnsupported as exc:
+        return Check(name, UNSUPPORTED, f"{found}; self-check failed: {exc}")
+    return Check(name, OK, f"{found}: the eBPF stack walker reads it")
+
+
 def check_btf() -> Check:
     if Path("/sys/kernel/btf/vmlinux").exists():
         return Check("BTF", OK, "/sys/kernel/btf/vmlinux")
@@ -451,11 +469,14 @@ CHECKS: tuple[Callable[[], Check | list[Check]], ...] = (
 )
 
 
-def run_checks() -> list[Check]:
+def run_checks(pid: int | None = None) -> list[Check]:
+    """Every check; with a pid, the target's interpreter too."""
     results: list[Check] = []
     for check in CHECKS:
         outcome = check()
         results.extend(outcome if isinstance(outcome, list) else [outcome])
+    if pid is not None:
+        results.append(check_python_target(pid))
     return settle_loaders(results)
 
 

@@ -8,7 +8,7 @@ from ..analysis.pipeline import Report
 from ..analysis.stacks import build
 from ..analysis.timeseries import Series, series
 from .flame_svg import render_svg
-from .json_report import report_dict
+from .json_report import AttributionJson, UserFrameJson, report_dict
 
 PLOT_W, PLOT_H = 560, 160
 COLOURS = {"process CPU": "#2f80ed", "pool CPU": "#27ae60", "throttled periods": "#eb5757"}
@@ -58,6 +58,23 @@ def _table(headers: list[str], rows: list[list[object]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _user(frame: UserFrameJson | None) -> str:
+    if frame is None:
+        return ""
+    code = f": {frame['code']}" if frame["code"] else ""
+    return f"{frame['file']}:{frame['line']}{code}"
+
+
+def _site_stack(row: AttributionJson) -> str:
+    """A site's whole Python stack, outermost first, folded away until asked for."""
+    frames = "".join(
+        f"<li>{html.escape(f['function'])} <small>{html.escape(f['file'])}:{f['line']}</small></li>"
+        for f in row["stack"]
+    )
+    summary = html.escape(f"{row['function']} ({row['site']}): its whole stack")
+    return f"<details><summary>{summary}</summary><ol>{frames}</ol></details>"
+
+
 def render_html(report: Report) -> str:
     data = report_dict(report)
     cpu = data["cpu"]
@@ -84,12 +101,21 @@ def render_html(report: Report) -> str:
         ],
     )
     attribution = _table(
-        ["site", "function", "code", "op", "pool cores", "share", "method"],
+        ["site", "function", "code", "from your code", "op", "pool cores", "share", "method"],
         [
-            [a["site"], a["function"], a["code"], a["op"], a["pool_cores"], a["share"], a["method"]]
+            [
+                a["site"],
+                a["function"],
+                a["code"],
+                _user(a["user_frame"]),
+                a["op"],
+                a["pool_cores"],
+                a["share"],
+                a["method"],
+            ]
             for a in data["attribution"]
         ],
-    )
+    ) + "".join(_site_stack(a) for a in data["attribution"] if a["stack"])
     notes = "".join(
         f"<p>{html.escape(n['pool'])} ({html.escape(n['method'])}): {html.escape(n['reason'])}</p>"
         for n in data["attribution_notes"]

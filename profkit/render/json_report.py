@@ -6,6 +6,7 @@ import json
 from typing import TypedDict, overload
 
 from ..analysis.pipeline import Report
+from ..bundle.frames import Frame
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -71,6 +72,19 @@ class FrameJson(TypedDict):
     line: int
 
 
+class UserFrameJson(TypedDict):
+    file: str
+    function: str
+    line: int
+    code: str | None
+
+
+class CutStacksJson(TypedDict):
+    samples: int
+    cut: int
+    bound_frames: int
+
+
 class AttributionJson(TypedDict):
     pool: str
     site: str
@@ -85,6 +99,7 @@ class AttributionJson(TypedDict):
     method: str
     uncertainty: float
     stack: list[FrameJson]
+    user_frame: UserFrameJson | None
 
 
 class NoteJson(TypedDict):
@@ -126,6 +141,8 @@ class ReportJson(TypedDict):
     quota: QuotaJson | None
     findings: list[FindingJson]
     not_captured: dict[str, str]
+    python_stacks_cut: CutStacksJson | None
+    python_interpreter: str | None
 
 
 @overload
@@ -220,6 +237,7 @@ def report_dict(report: Report) -> ReportJson:
                 "stack": [
                     {"file": f.file, "function": f.function, "line": f.line} for f in s.stack
                 ],
+                "user_frame": _user_frame(s.user),
             }
             for p in report.pools
             for s in p.attribution.sites
@@ -256,7 +274,23 @@ def report_dict(report: Report) -> ReportJson:
             for f in report.findings
         ],
         "not_captured": report.missing,
+        "python_interpreter": (
+            report.bundle.sched.python_interpreter or None if report.bundle.sched else None
+        ),
+        "python_stacks_cut": None
+        if report.cut is None
+        else {
+            "samples": report.cut.samples,
+            "cut": report.cut.cut,
+            "bound_frames": report.cut.bound_frames,
+        },
     }
+
+
+def _user_frame(frame: Frame | None) -> UserFrameJson | None:
+    if frame is None:
+        return None
+    return {"file": frame.file, "function": frame.function, "line": frame.line, "code": frame.code}
 
 
 def render_json(report: Report) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from ..analysis.pipeline import Report
+from ..bundle.frames import Frame
 from .table import table
 
 WIDTH = 80
@@ -59,6 +60,15 @@ def render_text(report: Report) -> str:
         version = f" ({sched.loader_version})" if sched.loader_version else ""
         reason = f": {sched.loader_reason}" if sched.loader_reason else ""
         lines += _wrap(f"eBPF through {name}{version}{reason}")
+    if sched is not None and sched.python_interpreter:
+        walker = "eBPF walker on" if sched.walker == "on" else "eBPF walker off"
+        lines += _wrap(f"{sched.python_interpreter}; {walker}")
+    cut = report.cut
+    if cut is not None and cut.cut:
+        lines += _wrap(
+            f"Python stacks cut at {cut.bound_frames} frames: {cut.cut} of {cut.samples} "
+            "samples (their outermost frames are under [truncated])"
+        )
     for pool in report.pools:
         lines += [
             "",
@@ -106,6 +116,18 @@ def render_text(report: Report) -> str:
             top = attribution.sites[0]
             if top.code:
                 lines.append(f"  {_short(top.site.label)}: {top.code}"[:WIDTH])
+            # Where the sites are in a library's code, the program's own lines that led there:
+            # one line each, naming the sites it led to unless it led to all of them.
+            shown = attribution.sites[:5]
+            led: dict[Frame, list[str]] = {}
+            for s in shown:
+                user = s.user
+                if user is not None and user.located() != s.site.located():
+                    led.setdefault(user, []).append(s.site.function)
+            for user, functions in led.items():
+                code = f": {user.code}" if user.code else ""
+                which = "" if len(functions) == len(shown) else f" ({', '.join(functions)})"
+                lines += _wrap(f"from your code: {_short(user.label, 48)}{code}{which}")
     quota = report.quota
     if quota is not None:
         lines += ["", "QUOTA"]

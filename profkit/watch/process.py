@@ -19,8 +19,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..analysis.attribution import resolve_op
+from ..bundle.names import shown
 from ..errors import ProfkitError
 from ..host import mapped, procfs
+from ..host.pythreads import python_thread_names
 from ..host.target import Runtime, Target, inspect, pool_threads
 from .probe import Frame, NoProbe, RegionProbe, StackCounts
 
@@ -108,6 +110,12 @@ def _user_pc(pid: int, tid: int) -> tuple[int, int] | None:
         return None
 
 
+# threading's names are read (py-spy dump, a few hundredths of a second of its CPU) when a Python
+# thread without one appears, at most this often.
+PYTHON_NAMES_EVERY_S = 60.0
+MAX_THREAD_LABEL = 64  # a thread's name in a series label or a flame frame
+
+
 @dataclass
 class WatchedProcess:
     target: Target
@@ -115,6 +123,8 @@ class WatchedProcess:
     started_s: float = field(default_factory=time.monotonic)
     _cpu: dict[int, float] = field(default_factory=dict)
     _names: dict[int, str] = field(default_factory=dict)
+    _python_names: dict[int, str] = field(default_factory=dict)  # threading's, where read
+    _python_names_read_s: float = -PYTHON_NAMES_EVERY_S
     _process_cpu: float = 0.0
     _regions: int = 0
     _stacks: dict[int, int] = field(default_factory=dict)  # stack id -> region_ns so far
@@ -280,6 +290,19 @@ class WatchedProcess:
             elif nr >= 0:
                 self._not_workers.add(tid)
 
+    def _read_python_names(self, now: float) -> None:
+        """threading's names of the Python threads, read again where one has none yet (and
+        not within PYTHON_NAMES_EVERY_S of the last read); bounded and escaped as labels."""
+        unnamed = self._python_tids - set(self._python_names)
+        if not unnamed or now - self._python_names_read_s < PYTHON_NAMES_EVERY_S:
+            return
+        self._python_names_read_s = now
+        names, _ = python_thread_names(self.pid)
+        alive = set(self._names)
+        self._python_names = {
+            tid: shown(name)[:MAX_THREAD_LABEL] for tid, name in names.items() if tid in alive
+        }
+
     def _pool_members(self, deltas: dict[int, float]) -> set[int]:
         if not self._runtime_code:
             return set()
@@ -312,8 +335,9 @@ class WatchedProcess:
         deltas = {tid: max(0.0, c - self._cpu.get(tid, 0.0)) for tid, c in cpu.items()}
         members = self._pool_members(deltas)
         pool_cpu = sum(d for tid, d in deltas.items() if tid in members)
+        self._read_python_names(now)
         python_threads = {
-            f"{self._names.get(t, '?')} ({t})": d
+            f"{self._python_names.get(t) or self._names.get(t, '?')} ({t})": d
             for t, d in deltas.items()
             if t in self._python_tids and d > 0
         }

@@ -33,13 +33,19 @@ from profkit.host.pyruntime import (
 TARGET = Path(__file__).resolve().parent / "pyruntime_target.py"
 PYENV = Path("/root/.pyenv/versions")
 
+# Debian sid's 3.14 and 3.15 (libpython in a non-PIE executable), which `make test`'s setup
+# fetches (scripts/fetch_cpython.sh): their absence is a failed setup, not a skip.
+NEW_PYTHONS = Path(__file__).resolve().parents[2] / ".cache" / "cpython"
 INTERPRETERS = {
     "3.10": (PYENV / "3.10.13/bin/python3", (3, 10)),
     "3.11": (PYENV / "3.11.7/bin/python3", (3, 11)),
     "3.12": (PYENV / "3.12.1/bin/python3", (3, 12)),
     "3.13": (PYENV / "3.13.0/bin/python3", (3, 13)),
     "3.11-static": (Path("/usr/bin/python3.11"), (3, 11)),
+    "3.14-debian": (NEW_PYTHONS / "3.14/run", (3, 14)),
+    "3.15-debian": (NEW_PYTHONS / "3.15/run", (3, 15)),
 }
+REQUIRED = {"3.14-debian", "3.15-debian"}
 UNSUPPORTED = {"3.9": PYENV / "3.9.18/bin/python3"}
 
 
@@ -129,6 +135,8 @@ def target(
         pytest.skip("needs root (reads other processes)")
     python, version = INTERPRETERS[request.param]
     if not python.exists():
+        if request.param in REQUIRED:
+            pytest.fail(f"{python} is missing: scripts/setup.sh --test fetches it")
         pytest.skip(f"{python} not installed")
     dump = tmp_path_factory.mktemp("pyruntime") / "code.json"
     with running_target(python, dump) as (process, ready):
@@ -158,9 +166,15 @@ def test_detect_version_and_layout(target: Target) -> None:
     layout = detect(target.pid)
     assert isinstance(layout, Layout)
     assert layout.version == target.version
-    assert layout.frame_kind == {(3, 10): "frameobject", (3, 13): "direct"}.get(
-        target.version, "cframe"
+    assert layout.frame_kind == (
+        "frameobject"
+        if target.version == (3, 10)
+        else "direct"
+        if target.version >= (3, 13)
+        else "cframe"
     )
+    # 3.14 tags a frame's code reference (a _PyStackRef); the walker masks the tag off.
+    assert layout.code_tag == (3 if target.version >= (3, 14) else 0)
     if target.version >= (3, 13):
         assert layout.source == "_Py_DebugOffsets"
     else:

@@ -135,7 +135,8 @@ def test_profiles_rolled_and_pushed(start_recipe: StartRecipe, tmp_path: Path) -
         copy_frame() in raw and "[openmp pool x2]" in raw
     ), raw
     top = go_pprof("-top", "-nodecount=50", str(pushed))
-    assert "[python thread python]" in top, top
+    # The main thread by the name threading gave it (not its comm, "python").
+    assert "[python thread MainThread]" in top, top
     pool = re.search(
         r"([\d.]+)(ms|s)\s+[\d.]+%\s+[\d.]+%\s+[\d.]+(?:ms|s)\s+[\d.]+%\s+\[openmp pool x2\]", top
     )

@@ -18,18 +18,45 @@ SOURCE = program.probe_file(program.SOURCE).decode()
 WALK = program.probe_file(program.WALK_HEADER).decode()
 
 
-def bcc_text(sched: bool = True, cookies: tuple[int, ...] = (3 << 16, (1 << 16) | 1)) -> str:
+def bcc_text(
+    sched: bool = True,
+    cookies: tuple[int, ...] = (3 << 16, (1 << 16) | 1),
+    kernel: tuple[int, int] | None = None,
+) -> str:
     values = program.config_values(1234, None, program.Capacities(native_stacks=99))
     return translate(
-        SOURCE, WALK, values, program.Capacities(native_stacks=99).max_entries(), cookies, sched
+        SOURCE,
+        WALK,
+        values,
+        program.Capacities(native_stacks=99).max_entries(),
+        cookies,
+        sched,
+        kernel,
     )
 
 
+def test_the_stack_map_is_allocated_on_demand_where_the_kernel_allows() -> None:
+    """From 6.1 a perf-event program may use a hash map allocated as it is written, so the
+    stack map (3 KB a stack) takes memory only for the stacks seen; before, it is preallocated
+    with fewer entries, in bcc's text as in the CO-RE loader (program.map_shape)."""
+    spec = program.maps()["pystacks"]
+    assert spec.map_flags == program.NO_PREALLOC
+    assert ctypes.sizeof(spec.value) == 256 * 12 + 8
+    assert 'BPF_F_TABLE("hash", u64, struct pystack, pystacks, 16384, 1);' in bcc_text(
+        kernel=(6, 1)
+    )
+    old = bcc_text(kernel=(5, 15))
+    assert 'BPF_TABLE("hash", u64, struct pystack, pystacks, 2048);' in old
+    assert program.map_shape(spec, 16384, (6, 0)) == (0, program.PREALLOCATED_STACKS)
+
+
 def test_every_map_becomes_a_table_with_its_capacity() -> None:
-    text = bcc_text()
+    text = bcc_text(kernel=(6, 18))
     tables = {
         name: kind
-        for kind, name in re.findall(r'BPF_TABLE\("(\w+)", [^,]+, [^,]+, (\w+), \d+\);', text)
+        for kind, name in re.findall(
+            r'BPF_(?:F_)?TABLE\("(\w+)", [^,]+, [^,]+, (\w+), \d+(?:, \d+)?\);', text
+        )
     }
     assert set(tables) == set(program.maps()), "each BTF map, once"
     kinds = {1: "hash", 2: "array", 6: "percpu_array", 9: "lru_hash"}

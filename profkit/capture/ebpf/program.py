@@ -11,6 +11,7 @@ the same types from what it compiles.
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -116,6 +117,30 @@ class MapSpec:
     value: Any
     key_type_id: int
     value_type_id: int
+    map_flags: int = 0
+
+
+# BPF_F_NO_PREALLOC: a hash map's entries allocated as they are first written, not all at load.
+NO_PREALLOC = 1
+# Before 6.1 the kernel refuses such a map in a perf-event program (the sampler uses the stack
+# map): there it is preallocated, with fewer entries, as each holds a 256-frame stack (3 KB).
+ALLOC_ON_DEMAND_KERNEL = (6, 1)
+PREALLOCATED_STACKS = 2048
+
+
+def kernel_version() -> tuple[int, int]:
+    try:
+        major, minor = (int(part) for part in os.uname().release.split(".")[:2])
+    except ValueError:
+        return (0, 0)
+    return major, minor
+
+
+def map_shape(spec: MapSpec, entries: int, kernel: tuple[int, int]) -> tuple[int, int]:
+    """(flags, max_entries) the map is created with on this kernel."""
+    if spec.map_flags & NO_PREALLOC and kernel < ALLOC_ON_DEMAND_KERNEL:
+        return spec.map_flags & ~NO_PREALLOC, min(entries, PREALLOCATED_STACKS)
+    return spec.map_flags, entries
 
 
 def map_specs(btf: Btf) -> dict[str, MapSpec]:
@@ -144,6 +169,7 @@ def map_specs(btf: Btf) -> dict[str, MapSpec]:
             ctype(btf, value),
             key,
             value,
+            number("map_flags") if "map_flags" in fields else 0,
         )
     return specs
 
@@ -231,6 +257,7 @@ def config_values(
         py_owner_cstack=layout.owner_cstack,
         py_code_adaptive=max(0, layout.code_adaptive),
         py_frame_span=span,
+        py_code_tag=layout.code_tag,
     )
     return values
 

@@ -213,6 +213,8 @@ class PythonWalker:
             "walker": "on",
             "reason": "",
             "version": ".".join(map(str, self.layout.version)),
+            "full_version": self.layout.version_text,
+            "build": self.layout.build,
             "layout": self.layout.source,
             "counts": counts,
             "thread_map_refreshes": self.refreshes,

@@ -1,7 +1,7 @@
 """CPython runtime knowledge for walking Python stacks of another process.
 
 Finds the interpreter in a target (shared libpython or a statically linked executable), the
-offsets of the structures a stack walker follows for CPython 3.10 to 3.13, the thread states
+offsets of the structures a stack walker follows for CPython 3.10 to 3.15, the thread states
 of its threads, and turns (code object, instruction index) pairs into names and lines.
 """
 

@@ -21,7 +21,7 @@ from .elf import ElfSymbols, Mapping, load_bias, load_elf, read_maps
 from .errors import MemoryReadError, PyRuntimeUnsupported
 from .memory import ProcessMemory, u64_at
 
-SUPPORTED = ((3, 10), (3, 11), (3, 12), (3, 13))
+SUPPORTED = ((3, 10), (3, 11), (3, 12), (3, 13), (3, 14), (3, 15))
 _RELEASE_CANDIDATE = 0xC  # PY_RELEASE_LEVEL_GAMMA
 
 # PyTypeObject fields used here; stable across the supported versions on 64-bit builds.
@@ -63,6 +63,25 @@ class Layout:
     bytes_size: int = 16
     bytes_sval: int = 32
     full_version: int = 0  # PY_VERSION_HEX when the target says it (3.11+), else 0
+    # Low bits of a frame's code reference that tag it rather than address it: 3.14's frames
+    # hold a _PyStackRef there; 0 before.
+    code_tag: int = 0
+    # Where the interpreter is: "shared (libpython3.13.so.1.0)" or "static (in python3.14)";
+    # default (GIL) builds only (free-threaded ones are refused).
+    build: str = ""
+
+    @property
+    def version_text(self) -> str:
+        """3.14.10, or 3.10 where the target does not say its micro version."""
+        if not self.full_version:
+            return ".".join(map(str, self.version))
+        micro, level, serial = (
+            (self.full_version >> 8) & 0xFF,
+            (self.full_version >> 4) & 0xF,
+            self.full_version & 0xF,
+        )
+        tag = {0xA: f"a{serial}", 0xB: f"b{serial}", 0xC: f"rc{serial}"}.get(level, "")
+        return f"{self.version[0]}.{self.version[1]}.{micro}{tag}"
 
     def frame_span(self) -> int:
         """Bytes from the frame start that cover every field the walk reads."""
@@ -106,6 +125,7 @@ class _DebugOffsets(_Offsets):
     unicode_state: int
     bytes_size: int
     bytes_sval: int
+    code_tag: int
 
 
 def _table(version: tuple[int, int]) -> _Offsets:
@@ -209,8 +229,52 @@ _CODE_MEMBER_FIELDS: dict[str, _CodeField] = {
 }
 
 
-def _debug_offsets_layout(mem: ProcessMemory, runtime: int, version_hex: int) -> _DebugOffsets:
-    raw = mem.read(runtime, 584)
+@dataclass(frozen=True)
+class DebugSections:
+    """Where _Py_DebugOffsets' sections start in it (bytes) and where in each the fields the
+    walker reads lie (indexes of uint64 fields; each section's field 0 is its struct's size).
+    The structure describes the interpreter's layout but not its own, so this is the one
+    per-minor-version table left: 3.14 adds interpreter and frame fields, 3.15 thread-state
+    fields in front of thread_id. Every value read is checked against its section's size, and
+    the walker's self-check walks every thread before use, so a patch release or a pre-release
+    whose table moved is refused, never misread."""
+
+    read: int  # bytes of _Py_DebugOffsets to read
+    runtime: int
+    interp: int
+    tstate: int
+    frame: int
+    code: int
+    pyobject: int
+    bytes: int
+    unicode: int
+    tstate_thread_id: int  # the field indexes that move between versions
+    tstate_native_thread_id: int
+    tstate_fields: int  # fields of the thread_state section, its size included
+    frame_fields: int
+    code_fields: int
+    interp_fields: int
+    code_tag: int  # low bits of a frame's f_executable that tag it (a _PyStackRef from 3.14)
+
+
+DEBUG_SECTIONS = {
+    (3, 13): DebugSections(
+        584, 24, 48, 152, 224, 272, 352, 512, 536, 5, 6, 9, 6, 10, 13, code_tag=0
+    ),
+    (3, 14): DebugSections(
+        760, 24, 48, 176, 248, 312, 400, 592, 616, 5, 6, 9, 8, 11, 16, code_tag=3
+    ),
+    (3, 15): DebugSections(
+        888, 24, 48, 176, 312, 376, 464, 688, 712, 8, 9, 16, 8, 11, 16, code_tag=3
+    ),
+}
+
+
+def _debug_offsets_layout(
+    mem: ProcessMemory, runtime: int, version_hex: int, version: tuple[int, int]
+) -> _DebugOffsets:
+    s = DEBUG_SECTIONS[version]
+    raw = mem.read(runtime, s.read)
     if raw[:8] != b"xdebugpy":
         raise PyRuntimeUnsupported("_PyRuntime does not start with the _Py_DebugOffsets cookie")
     if u64_at(raw, 8) >> 16 != version_hex >> 16:
@@ -218,31 +282,50 @@ def _debug_offsets_layout(mem: ProcessMemory, runtime: int, version_hex: int) ->
             f"_Py_DebugOffsets version {u64_at(raw, 8):#x} differs from Py_Version {version_hex:#x}"
         )
     if u64_at(raw, 16):
-        raise PyRuntimeUnsupported("free-threaded CPython builds are not supported")
+        # The object header is 32 bytes there and frames carry thread-local bytecode: the
+        # walker would need another program; refused rather than misread.
+        raise PyRuntimeUnsupported(
+            "free-threaded CPython builds are not supported (py-spy samples them instead)"
+        )
 
     def q(section: int, index: int) -> int:
         return u64_at(raw, section + 8 * index)
 
-    rt, interp, ts, fr, co, ob, by, uc = 24, 48, 152, 224, 272, 352, 512, 536
     # Each section starts with the size of its structure: every offset must fall inside it.
-    sections = {rt: 3, interp: 13, ts: 9, fr: 6, co: 10, ob: 2, by: 3, uc: 4}
+    sections = {
+        s.runtime: 3,
+        s.interp: 4,
+        s.tstate: s.tstate_native_thread_id + 1,
+        s.frame: 6,
+        s.code: 10,
+        s.pyobject: 2,
+        s.bytes: 3,
+        s.unicode: 4,
+    }
     for section, count in sections.items():
         size = q(section, 0)
         if not 0 < size < 1 << 20 or any(q(section, i) >= size for i in range(1, count)):
-            raise PyRuntimeUnsupported(f"_Py_DebugOffsets section at +{section} is inconsistent")
-    ascii_size = q(uc, 3)
+            raise PyRuntimeUnsupported(
+                f"_Py_DebugOffsets section at +{section} is inconsistent (Python "
+                f"{version_hex:#x}: a table that moved within {version[0]}.{version[1]})"
+            )
+    ascii_size = q(s.unicode, 3)
     return _DebugOffsets(
-        interpreters_head=q(rt, 2), interp_threads_head=q(interp, 3), tstate_next=q(ts, 2),
-        tstate_frame=q(ts, 4), tstate_thread_id=q(ts, 5), tstate_native_thread_id=q(ts, 6),
-        frame_kind="direct", cframe_current_frame=-1, frame_previous=q(fr, 1),
-        frame_code=q(fr, 2), frame_instr=q(fr, 3), frame_owner=q(fr, 5),
-        # FRAME_OWNED_BY_CSTACK is an enum value, not an offset, so it is not published.
-        owner_cstack=3, code_filename=q(co, 1), code_name=q(co, 2), code_qualname=q(co, 3),
-        code_linetable=q(co, 4), code_firstlineno=q(co, 5), code_adaptive=q(co, 9),
-        ob_type=q(ob, 1), bytes_size=q(by, 1), bytes_sval=q(by, 2),
-        unicode_state=q(uc, 1), unicode_ascii_size=ascii_size,
+        interpreters_head=q(s.runtime, 2), interp_threads_head=q(s.interp, 3),
+        tstate_next=q(s.tstate, 2), tstate_frame=q(s.tstate, 4),
+        tstate_thread_id=q(s.tstate, s.tstate_thread_id),
+        tstate_native_thread_id=q(s.tstate, s.tstate_native_thread_id),
+        frame_kind="direct", cframe_current_frame=-1, frame_previous=q(s.frame, 1),
+        frame_code=q(s.frame, 2), frame_instr=q(s.frame, 3), frame_owner=q(s.frame, 5),
+        # The lowest owner of a frame with no code of the program's (3.12-3.13: CSTACK; 3.14
+        # and 3.15: INTERPRETER, CSTACK above it): an enum value, not published.
+        owner_cstack=3, code_filename=q(s.code, 1), code_name=q(s.code, 2),
+        code_qualname=q(s.code, 3), code_linetable=q(s.code, 4),
+        code_firstlineno=q(s.code, 5), code_adaptive=q(s.code, 9),
+        ob_type=q(s.pyobject, 1), bytes_size=q(s.bytes, 1), bytes_sval=q(s.bytes, 2),
+        unicode_state=q(s.unicode, 1), unicode_ascii_size=ascii_size,
         # PyCompactUnicodeObject adds utf8_length and utf8 to the ASCII header.
-        unicode_compact_size=ascii_size + 16,
+        unicode_compact_size=ascii_size + 16, code_tag=s.code_tag,
     )  # fmt: skip
 
 
@@ -287,14 +370,15 @@ def _detect(mem: ProcessMemory, found: _Found, runtime: int, code_type: int) -> 
             f"Python {version[0]}.{version[1]} is not supported "
             f"(supported: {', '.join(f'{a}.{b}' for a, b in SUPPORTED)})"
         )
-    if version_hex and (version_hex >> 4) & 0xF < _RELEASE_CANDIDATE:
-        # Private layouts still move during a minor version's alphas and betas.
+    if version < (3, 13) and version_hex and (version_hex >> 4) & 0xF < _RELEASE_CANDIDATE:
+        # Private layouts still move during a minor version's alphas and betas, and before
+        # 3.13 nothing in the process says how.
         raise PyRuntimeUnsupported(
             f"Python pre-release {version_hex:#x} is not supported (only rc and final)"
         )
     fields: _Offsets
     if version >= (3, 13):
-        fields = _debug_offsets_layout(mem, runtime, version_hex)
+        fields = _debug_offsets_layout(mem, runtime, version_hex, version)
         source = "_Py_DebugOffsets"
     else:
         fields = _table(version)
@@ -308,11 +392,14 @@ def _detect(mem: ProcessMemory, found: _Found, runtime: int, code_type: int) -> 
         if version >= (3, 11):
             # co_code_adaptive is the variable-size tail right after the fixed part.
             fields["code_adaptive"] = basicsize
+    name = os.path.basename(found.path)
+    build = f"shared ({name})" if name.startswith("libpython") else f"static (in {name})"
     return Layout(
         version=version,
         source=source,
         runtime_addr=runtime,
         code_type_addr=code_type,
         full_version=version_hex,
+        build=build,
         **fields,
     )

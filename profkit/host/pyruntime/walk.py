@@ -45,12 +45,13 @@ def walk_frames(
             if strict:
                 raise
             break
-        code = u64_at(raw, layout.frame_code)
+        code = u64_at(raw, layout.frame_code) & ~layout.code_tag  # 3.14: a tagged reference
         previous = u64_at(raw, layout.frame_previous)
         if layout.frame_kind == "frameobject":
             out.append((code, i32_at(raw, layout.frame_instr)))
-        elif layout.owner_cstack >= 0 and raw[layout.frame_owner] == layout.owner_cstack:
-            # Entry shims pushed when C code calls into Python; they run no user code.
+        elif layout.owner_cstack >= 0 and raw[layout.frame_owner] >= layout.owner_cstack:
+            # Entry shims pushed when C code calls into Python, and 3.14's interpreter-owned
+            # frames (3.15's base frame among them): they run no user code.
             skipped += 1
         else:
             instr = u64_at(raw, layout.frame_instr)
@@ -60,7 +61,7 @@ def walk_frames(
     return out
 
 
-def walk(pid: int, layout: Layout, tstate: int, max_frames: int = 32) -> list[tuple[int, int]]:
+def walk(pid: int, layout: Layout, tstate: int, max_frames: int = 256) -> list[tuple[int, int]]:
     """The frames of the thread whose PyThreadState is at ``tstate``, innermost first."""
     with ProcessMemory(pid) as mem:
         return walk_frames(mem, layout, tstate, max_frames)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 
+from .. import program
+
 MAP_TYPES = {
     "BPF_MAP_TYPE_HASH": "hash",
     "BPF_MAP_TYPE_ARRAY": "array",
@@ -33,6 +35,7 @@ _MAP_BLOCK = re.compile(
     r"struct\s*\{\s*"
     r"__uint\(type,\s*(?P<type>\w+)\);\s*"
     r"__uint\(max_entries,\s*(?P<entries>\d+)\);\s*"
+    r"(?:__uint\(map_flags,\s*(?P<flags>\w+)\);\s*)?"
     r"__type\(key,\s*(?P<key>[^)]+)\);\s*"
     r"__type\(value,\s*(?P<value>[^)]+)\);\s*"
     r"\}\s*(?P<name>\w+)\s+SEC\(\"\.maps\"\);"
@@ -141,6 +144,7 @@ def translate(
     max_entries: Mapping[str, int],
     entry_cookies: Sequence[int],
     sched: bool,
+    kernel: tuple[int, int] | None = None,
 ) -> str:
     """bcc's text of the program. config: every field of `cfg`; max_entries: the capacities
     set before load, by map name; entry_cookies: one per runtime copy, on_entry_N's cookie."""
@@ -155,8 +159,15 @@ def translate(
             raise TranslationError(f"map {match['name']} of type {match['type']}")
         name = match["name"]
         seen.add(name)
-        entries = max_entries.get(name, int(match["entries"]))
-        return f'BPF_TABLE("{kind}", {match["key"]}, {match["value"]}, {name}, {max(1, entries)});'
+        entries = max(1, max_entries.get(name, int(match["entries"])))
+        spec = program.maps()[name]
+        flags, entries = program.map_shape(spec, entries, kernel or program.kernel_version())
+        if flags:
+            return (
+                f'BPF_F_TABLE("{kind}", {match["key"]}, {match["value"]}, {name}, {entries}, '
+                f"{flags});"
+            )
+        return f'BPF_TABLE("{kind}", {match["key"]}, {match["value"]}, {name}, {entries});'
 
     text = _MAP_BLOCK.sub(table, text)
     unknown = set(max_entries) - seen

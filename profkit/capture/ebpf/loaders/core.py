@@ -102,10 +102,18 @@ class CoreObject:
     def _create_maps(
         self, config: ctypes.Structure, max_entries: Mapping[str, int], objfile: ObjectFile
     ) -> None:
+        kernel = program.kernel_version()
         for name, spec in program.maps().items():
-            entries = max_entries.get(name, spec.max_entries)
+            flags, entries = program.map_shape(
+                spec, max_entries.get(name, spec.max_entries), kernel
+            )
             fd = bpf.create_map(
-                spec.map_type, ctypes.sizeof(spec.key), ctypes.sizeof(spec.value), entries, name
+                spec.map_type,
+                ctypes.sizeof(spec.key),
+                ctypes.sizeof(spec.value),
+                entries,
+                name,
+                flags,
             )
             self._maps[name] = (fd, spec, entries)
         # The read-only config: .rodata, its start the config struct, then frozen, so that the
@@ -324,11 +332,7 @@ def _close_links(links: Sequence[Link]) -> None:
 
 
 def _kernel_at_least(wanted: tuple[int, int]) -> bool:
-    try:
-        major, minor = (int(part) for part in os.uname().release.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= wanted
+    return program.kernel_version() >= wanted
 
 
 def _online_cpus() -> set[int]:
