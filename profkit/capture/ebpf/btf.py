@@ -2,8 +2,8 @@
 layouts user space reads its maps with) and the running kernel's (/sys/kernel/btf/vmlinux, which
 the object's CO-RE reads are relocated against).
 
-One pass over the type section records each type's kind, name and trailing records; nothing is
-decoded further until asked for. The kernel's BTF holds some hundred thousand types, read once
+One pass over the type section records where each type lies and its name's offset; a type is
+decoded when it is asked for. The kernel's BTF holds some hundred thousand types, read once
 per process (kernel_btf()).
 """
 
@@ -23,6 +23,8 @@ FLOAT, DECL_TAG, TYPE_TAG, ENUM64 = 16, 17, 18, 19
 # What follows a type's 12-byte header: a fixed size, or one record per vlen.
 _FIXED = {INT: 4, ARRAY: 12, VAR: 4, DECL_TAG: 4}
 _PER_ITEM = {STRUCT: 12, UNION: 12, ENUM: 8, FUNC_PROTO: 8, DATASEC: 12, ENUM64: 12}
+_FIXED_BY_KIND = [_FIXED.get(kind, 0) for kind in range(32)]
+_PER_ITEM_BY_KIND = [_PER_ITEM.get(kind, 0) for kind in range(32)]
 # Kinds that only qualify another type: skipped to reach what they qualify.
 QUALIFIERS = (TYPEDEF, VOLATILE, CONST, RESTRICT, TYPE_TAG)
 
@@ -84,22 +86,31 @@ class Btf:
         self._types_at = types_at
         self._types = data[types_at : types_at + type_len]
         self.strings = data[strings_at : strings_at + str_len]
-        self.types: list[Type] = [Type(0, "", 0, 0, 0)]  # id 0 is void
+        # Where each type's header lies and its name's offset, by id (id 0 is void); the rest
+        # of a type is decoded when it is asked for.
+        self._at: list[int] = [-1]
+        self._name_at: list[int] = [0]
         self._parse()
-        self._by_name: dict[str, list[int]] | None = None
+        self._made: dict[int, Type] = {0: Type(0, "", 0, 0, 0)}
+        self._by_name: dict[int, list[int]] | None = None
 
     def _parse(self) -> None:
         raw, at, end = self._types, 0, len(self._types)
+        unpack, fixed, per_item = _TYPE.unpack_from, _FIXED_BY_KIND, _PER_ITEM_BY_KIND
+        starts, names = self._at, self._name_at
         while at < end:
             if at + _TYPE.size > end:
                 raise BtfError("a type cut short")
-            name_off, info, size_or_type = _TYPE.unpack_from(raw, at)
+            name_off, info, _ = unpack(raw, at)
             kind = (info >> 24) & 0x1F
-            trailing = _FIXED.get(kind, 0) + _PER_ITEM.get(kind, 0) * (info & 0xFFFF)
             if kind == 0 or kind > ENUM64:
-                raise BtfError(f"unknown kind {kind} at type {len(self.types)}")
-            self.types.append(Type(kind, self.name(name_off), info, size_or_type, at + _TYPE.size))
-            at += _TYPE.size + trailing
+                raise BtfError(f"unknown kind {kind} at type {len(starts)}")
+            starts.append(at)
+            names.append(name_off)
+            at += _TYPE.size + fixed[kind] + per_item[kind] * (info & 0xFFFF)
+
+    def __len__(self) -> int:
+        return len(self._at)
 
     def name(self, offset: int) -> str:
         if not 0 <= offset < len(self.strings):
@@ -108,20 +119,35 @@ class Btf:
         return self.strings[offset : end if end >= 0 else None].decode(errors="replace")
 
     def __getitem__(self, type_id: int) -> Type:
-        if not 0 <= type_id < len(self.types):
+        made = self._made.get(type_id)
+        if made is not None:
+            return made
+        if not 0 <= type_id < len(self._at):
             raise BtfError(f"no type {type_id}")
-        return self.types[type_id]
+        at = self._at[type_id]
+        name_off, info, size_or_type = _TYPE.unpack_from(self._types, at)
+        made = Type((info >> 24) & 0x1F, self.name(name_off), info, size_or_type, at + _TYPE.size)
+        self._made[type_id] = made
+        return made
 
     def named(self, name: str, kinds: tuple[int, ...] = ()) -> list[int]:
         """The ids of the types of this name (of these kinds)."""
+        if not name:
+            return []
         if self._by_name is None:
-            index: dict[str, list[int]] = {}
-            for type_id, t in enumerate(self.types):
-                if t.name:
-                    index.setdefault(t.name, []).append(type_id)
+            index: dict[int, list[int]] = {}
+            for type_id, name_off in enumerate(self._name_at):
+                if name_off:
+                    index.setdefault(name_off, []).append(type_id)
             self._by_name = index
-        found = self._by_name.get(name, [])
-        return [i for i in found if not kinds or self.types[i].kind in kinds]
+        # The name's every whole occurrence in the strings (they are usually deduplicated, but
+        # nothing requires it), each a 0-terminated string after another's 0.
+        wanted, found, start = b"\0" + name.encode() + b"\0", [], 0
+        while (at := self.strings.find(wanted, start)) >= 0:
+            found += self._by_name.get(at + 1, [])
+            start = at + 1
+        found.sort()
+        return [i for i in found if not kinds or self[i].kind in kinds]
 
     def skip_qualifiers(self, type_id: int) -> int:
         for _ in range(64):  # a chain longer than any real one is a loop

@@ -349,10 +349,17 @@ class EbpfCollector:
         time, and each copy's regions at its own traps' calibrated cost."""
         if self._program is None:
             return Spent()
-        names = [*self._program.entry_programs(), program.REGION_END]
-        entries = self.entries_by_copy()
+        return self._spent(self.entries_by_copy(), self._program_ns())
+
+    def _program_ns(self) -> int:
+        """The region programs' run time so far (the kernel's statistics; 0 where none)."""
+        if self._program is None:
+            return 0
+        return self._program.run_stats([*self._program.entry_programs(), program.REGION_END])[1]
+
+    def _spent(self, entries: dict[int, int], program_ns: int) -> Spent:
         traps_ns = sum(n * self._costs.trap_s(i) for i, n in entries.items()) * 1e9
-        return Spent(sum(entries.values()), self._program.run_stats(names)[1], traps_ns)
+        return Spent(sum(entries.values()), program_ns, traps_ns)
 
     def calibrate(self) -> costs.TrapCost | None:
         """The traps' cost on this machine (costs.py), once per process."""
@@ -385,8 +392,10 @@ class EbpfCollector:
         """Count each copy's regions for a moment since the probes went on, with what they
         cost (the traps calibrated meanwhile, the programs' run time in place), and carry out
         the policy's decision."""
-        before, began = self.measured(), time.monotonic()
+        entries, program_ns, began = self.entries_by_copy(), self._program_ns(), time.monotonic()
         self.calibrate()  # its own thread's CPU; the target's regions go on meanwhile
+        # Both readings weigh the traps at the calibrated cost, the first one too.
+        before = self._spent(entries, program_ns)
         remaining = RATE_CHECK_S - (time.monotonic() - began)
         if remaining > 0:
             time.sleep(remaining)

@@ -145,7 +145,7 @@ def map_shape(spec: MapSpec, entries: int, kernel: tuple[int, int]) -> tuple[int
 
 def map_specs(btf: Btf) -> dict[str, MapSpec]:
     """Every BTF-defined map of the object (its .maps section), by name."""
-    sections = [i for i, t in enumerate(btf.types) if t.kind == DATASEC and t.name == ".maps"]
+    sections = btf.named(".maps", (DATASEC,))
     if not sections:
         raise BtfError("no .maps section in the object's BTF")
     specs = {}

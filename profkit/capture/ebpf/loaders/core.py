@@ -160,14 +160,14 @@ class CoreObject:
             attach_btf_id=attach_btf_id,
         )
         try:
-            return bpf.bpf(bpf.PROG_LOAD, attr, f"loading {name}")
+            return _prog_load(attr, name)
         except bpf.BpfError as exc:
             if exc.errno != errno.EACCES and exc.errno != errno.EINVAL:
                 raise
             log = ctypes.create_string_buffer(LOG_BYTES)
             attr.log_level, attr.log_size, attr.log_buf = 1, LOG_BYTES, ctypes.addressof(log)
             try:
-                return bpf.bpf(bpf.PROG_LOAD, attr, f"loading {name}")
+                return _prog_load(attr, name)
             except bpf.BpfError as again:
                 tail = log.value.decode(errors="replace").strip().splitlines()[-3:]
                 raise bpf.BpfError(again.errno, f"{again.strerror}: {' / '.join(tail)}") from None
@@ -461,3 +461,18 @@ class CoreProgram:
 
     def close(self, wait: bool = False) -> None:
         self._core.close(wait=wait)
+
+
+# The verifier gives up with EAGAIN when a signal arrives while it works (a profiler of profkit
+# itself stopping it, a timer); libbpf tries such a load again, up to five times in all.
+PROG_LOAD_TRIES = 5
+
+
+def _prog_load(attr: bpf.ProgLoadAttr, name: str) -> int:
+    for _ in range(PROG_LOAD_TRIES - 1):
+        try:
+            return bpf.bpf(bpf.PROG_LOAD, attr, f"loading {name}")
+        except bpf.BpfError as exc:
+            if exc.errno != errno.EAGAIN:
+                raise
+    return bpf.bpf(bpf.PROG_LOAD, attr, f"loading {name}")
