@@ -1,33 +1,53 @@
 #!/usr/bin/env bash
-# The tests in two lanes at once: the side lane (tests marked side_lane: tests/unit, the watch
-# agent's, the bad-input and hostile ones; tests/conftest.py says which) runs beside the capture
-# lane (the rest of tests/live), so that one lane's waits overlap the other's work. The capture
-# lane prints as it goes, the side lane when both are done; the exit status is the worse of the
-# two. LANES=1 runs every test in one pytest instead. Arguments go to both pytests.
+# The tests in three lanes at once (tests/conftest.py says which test runs in which): the capture
+# lane (captures whose CPU shares the tests assert) beside the side lane (tests marked side_lane:
+# tests/unit, the watch agent's, the bad-input and hostile ones) and the tools lane (marked
+# tools_lane: safety, many threads, mapped files, the interpreter tables, packaging...), so that
+# one lane's waits overlap the others' work. The capture lane prints as it goes, the other two
+# when all are done; the exit status is the worst of the three. LANES=1 runs every test in one
+# pytest instead. Arguments go to every pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-if [ "${LANES:-2}" = 1 ]; then
+if [ "${LANES:-3}" = 1 ]; then
   exec "$PY" -m pytest -ra "$@"
 fi
-side_log=$(mktemp)
-side=
-trap 'rm -f "$side_log"; [ -n "$side" ] && kill "$side" 2>/dev/null' EXIT
-"$PY" -m pytest -ra -m side_lane "$@" >"$side_log" 2>&1 &
-side=$!
-"$PY" -m pytest -ra -m "not side_lane" "$@"
-capture_status=$?
-wait "$side"
-side_status=$?
-side=
-echo "==================================== the side lane ===================================="
-cat "$side_log"
-# 5 is pytest's "no tests collected": arguments that select one lane's tests leave the other
-# lane empty, which is no failure as long as that one ran.
-for status in "$capture_status" "$side_status"; do
-  if [ "$status" != 0 ] && [ "$status" != 5 ]; then
-    exit "$status"
+logs=()
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
+  rm -f "${logs[@]}"
+}
+trap cleanup EXIT
+for marker in side_lane tools_lane; do
+  log=$(mktemp)
+  logs+=("$log")
+  "$PY" -m pytest -ra -m "$marker" "$@" >"$log" 2>&1 &
+  pids+=($!)
+done
+"$PY" -m pytest -ra -m "not side_lane and not tools_lane" "$@"
+statuses=($?)
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}"
+  statuses+=($?)
+done
+pids=()
+for i in "${!logs[@]}"; do
+  name=$([ "$i" = 0 ] && echo side || echo tools)
+  echo "==================================== the $name lane ===================================="
+  cat "${logs[$i]}"
+done
+# 5 is pytest's "no tests collected": arguments that select one lane's tests leave the others
+# empty, which is no failure as long as one ran.
+worst=0
+empty=0
+for status in "${statuses[@]}"; do
+  if [ "$status" = 5 ]; then
+    empty=$((empty + 1))
+  elif [ "$status" != 0 ]; then
+    worst=$status
   fi
 done
-[ "$capture_status" = 5 ] && [ "$side_status" = 5 ] && exit 5
+[ "$worst" != 0 ] && exit "$worst"
+[ "$empty" = "${#statuses[@]}" ] && exit 5
 exit 0

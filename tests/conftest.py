@@ -10,12 +10,19 @@ there is marked `live`, so that `-m "not live"` selects tests/unit.
 where the tests do not run as root. A test under tests/unit marked `root` or `live` stops the
 collection: it belongs in tests/live.
 
-`make test` runs the tests in two lanes at once (scripts/test_lanes.sh), so that one lane's
-waits (capture windows, watch intervals, scrapes) overlap the other's work: the side lane, marked
-`side_lane` here, holds tests/unit, the watch agent's tests and the bad-input and hostile tests;
-the capture lane holds the rest of tests/live, which attaches captures to recipes. Either lane's
-tests run beside the other's, so no test may assume the machine to itself (a leftover check looks
-at what its own tools made: support.stale_uprobe_events).
+`make test` runs the tests in three lanes at once (scripts/test_lanes.sh), so that one lane's
+waits (capture windows, watch intervals, scrapes) overlap the others' work:
+- the side lane, marked `side_lane` here: tests/unit, the watch agent's tests, the bad-input
+  and hostile tests, and the captures of the CO-RE loader's and of CPython 3.14 and 3.15;
+- the tools lane, marked `tools_lane`: live tests of what profkit does to and around its target
+  and tools (safety under signals and repeated attaches, many threads, mapped files and names,
+  probe points, the interpreter tables, packaging, doctor, the consumers of its outputs), which
+  assert no share of CPU;
+- the capture lane: the rest of tests/live, which attaches captures to recipes and asserts
+  where their CPU goes.
+Every lane's tests run beside the others', so no test may assume the machine to itself (a
+leftover check looks at what its own tools made: support.stale_uprobe_events), and a share a
+test asserts must hold on a busy machine.
 """
 
 from __future__ import annotations
@@ -28,23 +35,53 @@ import pytest
 HERE = Path(__file__).resolve().parent
 UNIT = HERE / "unit"
 LIVE = HERE / "live"
-# The live test files of the side lane (see above); everything else under tests/live is the
-# capture lane's.
-SIDE_LANE = ("test_watch_", "test_bad_input.py", "test_hostile.py", "test_target_files.py")
+# The live test files of the side and tools lanes (see above); everything else under tests/live
+# is the capture lane's.
+SIDE_LANE = (
+    "test_watch_",
+    "test_bad_input.py",
+    "test_hostile.py",
+    "test_target_files.py",
+    "test_core_loader.py",
+    "test_new_pythons.py",
+)
+TOOLS_LANE = (
+    "test_safety_live.py",
+    "test_many_threads.py",
+    "test_mapped_files.py",
+    "test_target_names.py",
+    "test_probe_points.py",
+    "test_pyruntime.py",
+    "test_packaging.py",
+    "test_doctor.py",
+    "test_render_consumers.py",
+    "test_targets.py",
+    "test_proc_sampler.py",
+    "test_native_stacks.py",
+    "test_loaders_agree.py",
+    "test_overhead_benchmark.py",
+)
 
 
 def lane(path: Path) -> str:
     if path.is_relative_to(UNIT) or path.name.startswith(SIDE_LANE):
         return "side"
+    if path.name in TOOLS_LANE:
+        return "tools"
     return "capture"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    named = [n for n in (*SIDE_LANE, *TOOLS_LANE) if n.endswith(".py")]
+    gone = [name for name in named if not (LIVE / name).is_file()]
+    if gone:
+        raise pytest.UsageError(f"tests/conftest.py's lanes name no such file: {gone}")
     misplaced = []
     for item in items:
         path = Path(item.path).resolve()
-        if lane(path) == "side":
-            item.add_marker(pytest.mark.side_lane)
+        where = lane(path)
+        if where != "capture":
+            item.add_marker(getattr(pytest.mark, f"{where}_lane"))
         if path.is_relative_to(LIVE):
             item.add_marker(pytest.mark.live)
         elif path.is_relative_to(UNIT):

@@ -82,13 +82,22 @@ def _start(
     group: QuotaGroup | None,
     env: dict[str, str] | None,
     python: str | None = None,
+    nice: int = 0,
 ) -> Recipe:
+    joined = join_quota(group)
+
+    def preexec() -> None:
+        if joined is not None:
+            joined()
+        if nice:
+            os.nice(nice)
+
     process = subprocess.Popen(
         [python or sys.executable, "-u", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        preexec_fn=join_quota(group),
+        preexec_fn=preexec if joined is not None or nice else None,
         env={**os.environ, **(env or {})},
         cwd=ROOT,
     )
@@ -119,13 +128,15 @@ class StartRecipe(Protocol):
         env: dict[str, str] | None = None,
         warmup: float = 0.5,
         python: str | None = None,
+        nice: int = 0,
     ) -> Recipe: ...
 
 
 @pytest.fixture
 def start_recipe() -> Iterator[StartRecipe]:
     """start_recipe(script, *args, cores=None, on_parent=False, env=None, warmup=0.5,
-    python=None): python is another interpreter to run the recipe with."""
+    python=None, nice=0): python is another interpreter to run the recipe with; nice, a
+    niceness for it (negative: ahead of the other lanes' processes)."""
     started: list[Recipe] = []
     stack = contextlib.ExitStack()
 
@@ -137,9 +148,10 @@ def start_recipe() -> Iterator[StartRecipe]:
         env: dict[str, str] | None = None,
         warmup: float = 0.5,
         python: str | None = None,
+        nice: int = 0,
     ) -> Recipe:
         group = stack.enter_context(quota_group(cores, on_parent=on_parent)) if cores else None
-        recipe = _start([str(RECIPES / script), *args], group, env, python)
+        recipe = _start([str(RECIPES / script), *args], group, env, python, nice)
         started.append(recipe)
         time.sleep(warmup)
         return recipe

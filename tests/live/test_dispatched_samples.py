@@ -60,24 +60,24 @@ def test_sites_from_worker_samples_with_the_region_probes_off(
     that cannot hold the region probes takes them off, and the workers' samples still name
     the three sites in their ratio."""
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", "--mb", "1", warmup=1.0)
-    out = tmp_path / "b"
-    captured = attach(
-        recipe.pid,
-        out,
-        "--budget",
-        "0.01",
-        "--perf-rate",
-        "499",
-        "--ebpf-sched",
-        "off",
-        duration=6.0,
-    )
-    assert captured.returncode == 0, captured.stderr
+    duration = 6.0
+    for attempt in range(3):
+        out = tmp_path / f"b{attempt}"
+        flags = ("--budget", "0.01", "--perf-rate", "499", "--ebpf-sched", "off")
+        captured = attach(recipe.pid, out, *flags, duration=duration)
+        assert captured.returncode == 0, captured.stderr
+        report = report_of(out)
+        samples = sum(r["samples"] for r in openmp_rows(report).values())
+        if samples >= SAMPLES_FOR_3_POINTS:
+            break
+        # A busy machine gives the pool less CPU, and the sampler fewer samples of it: the next
+        # window is sized from the samples this one got.
+        duration = min(40.0, 1.3 * duration * SAMPLES_FOR_3_POINTS / max(samples, 1))
     ebpf = json.loads((out / "ebpf.json").read_text())
     decision = ebpf["regions_decision"]
     assert decision["traced"] is False and "workers' samples" in decision["reason"], decision
     assert not ebpf["regions"]["tid"], "no region is counted with the probes off"
-    note = assert_sites_by_samples(report_of(out))
+    note = assert_sites_by_samples(report)
     assert "placed by their dispatcher's Python stack" in note["reason"], note
     # One Python thread: the workers are placed under it, by the wakeups or as the only one.
     dispatched = ebpf["python"]["dispatched"]

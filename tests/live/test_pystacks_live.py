@@ -302,8 +302,11 @@ def test_unknown_interpreter_falls_back_with_the_reason(
     python = interpreter("3.9")
     if python is None:
         pytest.skip("no CPython 3.9 installed to stand for an unknown layout")
+    # Regions without their stacks stay only within the probes' part of the budget (policy.py):
+    # paced at 60 regions a second, they do so at five times the cost a quiet machine measures,
+    # which a busy one can (at 300 a second, a run beside the other lanes recorded none).
     recipe = start_recipe(
-        "sites.py", "--pool", "gomp", "--rounds-per-s", "50", python=python, warmup=0.5
+        "sites.py", "--pool", "gomp", "--rounds-per-s", "10", python=python, warmup=0.5
     )
     captured = attach(recipe.pid, tmp_path / "b", "--collectors", "ebpf,proc", duration=1.0)
     assert captured.returncode == 0, captured.stderr
@@ -312,7 +315,8 @@ def test_unknown_interpreter_falls_back_with_the_reason(
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert "Python stack walker off" in manifest["collectors"]["ebpf"]["reason"]
     ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
-    assert ebpf["regions"]["tid"] and set(ebpf["regions"]["stack"]) == {-1}
+    assert ebpf["regions"]["tid"], ebpf.get("regions_decision")
+    assert set(ebpf["regions"]["stack"]) == {-1}
 
 
 def test_without_ebpf_the_pool_gets_a_site_or_the_command_that_gives_one(

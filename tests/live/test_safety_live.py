@@ -126,13 +126,16 @@ def test_attach_detach_thirty_times(start_recipe: StartRecipe, tmp_path: Path) -
     assert code_bytes(recipe.pid, addresses) == original
 
 
-def _attach_background(pid: int, out: Path, *extra: str) -> subprocess.Popen[str]:
+def _attach_background(
+    pid: int, out: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         attach_command(pid, duration=60, out=out, report=False, extra=extra),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -172,7 +175,10 @@ def test_signal_to_profkit_at_a_random_moment(
 ) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
-    process = _attach_background(recipe.pid, out, *ALL)
+    # A record of runs of this test's own: any profkit run cleans up after a killed one, and
+    # one of another lane's tests could otherwise do it before this test's next run.
+    runs = {"PROFKIT_RUN_DIR": str(tmp_path / "run")}
+    process = _attach_background(recipe.pid, out, *ALL, env=runs)
     _wait_capturing(out, process)
     time.sleep(random.Random(sig.value).uniform(0.2, 3.0))
     process.send_signal(sig)
@@ -186,6 +192,7 @@ def test_signal_to_profkit_at_a_random_moment(
         later = run_profkit(
             *attach_args(recipe.pid, duration=0.3, out=tmp_path / "next", report=False),
             timeout=120,
+            env=runs,
         )
         assert later.returncode == 0, later.stderr
         assert "was killed; cleaned up" in later.stderr
