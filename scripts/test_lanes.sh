@@ -12,6 +12,10 @@ PY=${PY:-.venv/bin/python}
 if [ "${LANES:-3}" = 1 ]; then
   exec "$PY" -m pytest -ra "$@"
 fi
+# A script's background job inherits SIGINT ignored, and so would every process its tests
+# start (profkit, the recipes): with job control on, the other lanes get it as the capture
+# lane does.
+set -m
 logs=()
 pids=()
 cleanup() {

@@ -53,7 +53,7 @@ from .collectors.pyspy import PySpyCollector
 from .ebpf.collector import EbpfCollector
 from .registry import ALL_COLLECTORS, REGISTRY
 from .runs import RunRecord, target_lock
-from .signals import stop_on_signals, teardown_shielded
+from .signals import interruptible, stop_on_signals, teardown_shielded
 from .startup import (
     cpu_spent_by_tool,
     tools_cpu_by_process,
@@ -156,7 +156,10 @@ def capture(
         with target_lock(target.pid, target.start_ticks, where, request.force) as overlaps:
             fd = create_directory(request.directory)
             try:
-                with RunRecord(target.pid, target.start_ticks, where, fd) as record:
+                with (
+                    interruptible(),
+                    RunRecord(target.pid, target.start_ticks, where, fd) as record,
+                ):
                     session = Session(request, held_directory(fd), record, overlaps)
                     try:
                         session.open()

@@ -1,5 +1,6 @@
-"""What Ctrl-C and SIGTERM do during a capture: end the window early (the bundle is kept and
-marked partial), and nothing at all while the tools are being stopped.
+"""What Ctrl-C and SIGTERM do during a capture: abort the start-up (the bundle is marked
+aborted), end the window early (the bundle is kept and marked partial), and nothing at all
+while the tools are being stopped.
 
 Only the main thread may set signal handlers; called from another thread, both do nothing.
 """
@@ -45,3 +46,21 @@ def teardown_shielded() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """A SIGINT aborts the start-up too where the process inherited it ignored (a script's
+    background job does): the window honours it whatever the inherited disposition, and a
+    SIGINT lost while the probes load would leave the capture running its whole window."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

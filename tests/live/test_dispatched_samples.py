@@ -53,6 +53,23 @@ def assert_sites_by_samples(report: dict) -> dict:
     return note
 
 
+def _sampled_capture(pid: int, tmp_path: Path, flags: tuple[str, ...]) -> tuple[Path, dict]:
+    """A capture of at least SAMPLES_FOR_3_POINTS worker samples of the sites: 6 s, and where
+    a busy machine gave the pool less CPU (and the sampler fewer samples of it), a window
+    sized from the samples the last one got (two more at most). Its bundle and report."""
+    duration = 6.0
+    for attempt in range(3):
+        out = tmp_path / f"b{attempt}"
+        captured = attach(pid, out, *flags, duration=duration)
+        assert captured.returncode == 0, captured.stderr
+        report = report_of(out)
+        samples = sum(r["samples"] for r in openmp_rows(report).values())
+        if samples >= SAMPLES_FOR_3_POINTS:
+            break
+        duration = min(40.0, 1.3 * duration * SAMPLES_FOR_3_POINTS / max(samples, 1))
+    return out, report
+
+
 def test_sites_from_worker_samples_with_the_region_probes_off(
     start_recipe: StartRecipe, tmp_path: Path
 ) -> None:
@@ -60,19 +77,8 @@ def test_sites_from_worker_samples_with_the_region_probes_off(
     that cannot hold the region probes takes them off, and the workers' samples still name
     the three sites in their ratio."""
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", "--mb", "1", warmup=1.0)
-    duration = 6.0
-    for attempt in range(3):
-        out = tmp_path / f"b{attempt}"
-        flags = ("--budget", "0.01", "--perf-rate", "499", "--ebpf-sched", "off")
-        captured = attach(recipe.pid, out, *flags, duration=duration)
-        assert captured.returncode == 0, captured.stderr
-        report = report_of(out)
-        samples = sum(r["samples"] for r in openmp_rows(report).values())
-        if samples >= SAMPLES_FOR_3_POINTS:
-            break
-        # A busy machine gives the pool less CPU, and the sampler fewer samples of it: the next
-        # window is sized from the samples this one got.
-        duration = min(40.0, 1.3 * duration * SAMPLES_FOR_3_POINTS / max(samples, 1))
+    flags = ("--budget", "0.01", "--perf-rate", "499", "--ebpf-sched", "off")
+    out, report = _sampled_capture(recipe.pid, tmp_path, flags)
     ebpf = json.loads((out / "ebpf.json").read_text())
     decision = ebpf["regions_decision"]
     assert decision["traced"] is False and "workers' samples" in decision["reason"], decision
@@ -147,11 +153,9 @@ def test_workers_follow_the_thread_that_dispatches(
     recipe = start_recipe(
         "sites.py", "--pool", "torch", "--threads", "4", "--mb", "1", "--thread", warmup=1.0
     )
-    out = tmp_path / "b"
     # The scheduler traced: the sampler learns who wakes each worker with it.
     flags = ("--budget", "0.01", "--ebpf-sched", "on", "--perf-rate", "999")
-    captured = attach(recipe.pid, out, *flags, duration=6.0)
-    assert captured.returncode == 0, captured.stderr
+    out, report = _sampled_capture(recipe.pid, tmp_path, flags)
     python = json.loads((out / "ebpf.json").read_text())["python"]
     assert len(python["threads"]) == 2, python["threads"]
     (dispatcher,) = set(python["threads"]) - {recipe.pid}
@@ -161,7 +165,6 @@ def test_workers_follow_the_thread_that_dispatches(
     ]
     assert placed and set(placed) == {dispatcher}, set(placed)
     assert set(dispatched["how"]) <= {0, 1}, "never the only Python thread: there are two"
-    report = report_of(out)
     assert_sites_by_samples(report)
     stack = openmp_rows(report)["site_three"]
     assert stack["method"] == "sampled"

@@ -169,6 +169,39 @@ def _target_is_running(pid: int) -> None:
     assert not ({"T", "t"} & states(pid)), states(pid)
 
 
+def test_sigint_while_the_probes_load_with_sigint_inherited_ignored(
+    start_recipe: StartRecipe, tmp_path: Path
+) -> None:
+    """A script's background job inherits SIGINT ignored: a SIGINT as the eBPF probes load still
+    ends the capture at once (it was lost there, and the capture ran its whole window)."""
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    out = tmp_path / "b"
+    process = subprocess.Popen(
+        attach_command(recipe.pid, duration=60, out=out, report=False),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if _holds_perf_events(process.pid):
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    try:
+        _, err = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()  # its probes and tools go with it; the assertion says what happened
+        process.communicate()
+        raise AssertionError("the SIGINT was lost: the capture went on") from None
+    assert process.returncode == 130, err
+    _target_is_running(recipe.pid)
+    assert leftovers(out) == []
+    assert stale_uprobe_events() == []
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_signal_to_profkit_at_a_random_moment(
     start_recipe: StartRecipe, tmp_path: Path, sig: signal.Signals
@@ -221,11 +254,20 @@ def test_signal_to_a_child_tool(
         text=True,
     )
     _wait_capturing(out, process)
-    time.sleep(random.Random(f"{tool}{sig}").uniform(0.3, 1.5))
     name = {"pyspy": "py-spy", "perf_record": "perf record", "perf_stat": "perf stat"}[tool]
-    victims = [line.split(":")[0] for line in leftovers(out) if name in line]
-    assert victims, f"{name} should be running"
-    os.kill(int(victims[0]), sig)
+
+    def victims() -> list[str]:
+        return [line.split(":")[0] for line in leftovers(out) if name in line]
+
+    # The tools start one after another, each at the speed a busy machine leaves it: the one
+    # to signal is waited for (the capture's window opens only after all have started).
+    deadline = time.monotonic() + 60
+    while not victims() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    time.sleep(random.Random(f"{tool}{sig}").uniform(0.3, 1.5))
+    found = victims()
+    assert found, f"{name} should be running"
+    os.kill(int(found[0]), sig)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
     manifest = json.loads((out / "manifest.json").read_text())
