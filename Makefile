@@ -15,8 +15,8 @@ demo: setup
 	@$(PY) recipes/demo.py
 
 RUFF_PATHS := profkit recipes tests benchmarks scripts
-# The tests run in three lanes at once (scripts/test_lanes.sh); LANES=1 runs them in one.
-LANES ?= 3
+# The tests run in two lanes at once (scripts/test_lanes.sh); LANES=1 runs them in one, LANES=3 in three.
+LANES ?= 2
 
 test:
 	@bash scripts/setup.sh --test

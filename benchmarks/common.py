@@ -222,6 +222,20 @@ def running(
                 stop_process(process)
 
 
+def report_json(bundle: Path) -> dict:
+    """`profkit report BUNDLE --format json`, parsed."""
+    import json
+
+    reported = subprocess.run(
+        [sys.executable, "-m", "profkit", "report", str(bundle), "--format", "json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
+    return dict(json.loads(reported.stdout))
+
+
 # Alternating windows, the A/A control, the interval
 
 

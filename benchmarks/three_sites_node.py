@@ -25,6 +25,8 @@ from pathlib import Path
 
 from profkit.host.sandbox import QuotaGroup, quota_group
 
+from .common import report_json
+
 ROOT = Path(__file__).resolve().parent.parent
 SITES = ("site_one", "site_two", "site_three")
 MODEL_CODE = ("/torch/nn/", "/transformers/", "/sentence_transformers/")
@@ -77,14 +79,7 @@ def captures(args: argparse.Namespace, group: QuotaGroup) -> int:
                 if attached.returncode != 0:
                     print(f"capture {capture}: exit {attached.returncode}: {attached.stderr}")
                     continue
-                report = json.loads(
-                    subprocess.run(
-                        [sys.executable, "-m", "profkit", "report", str(out), "--format", "json"],
-                        capture_output=True,
-                        text=True,
-                        check=True,
-                    ).stdout
-                )
+                report = report_json(out)
                 ebpf = (
                     json.loads((out / "ebpf.json").read_text())
                     if (out / "ebpf.json").exists()

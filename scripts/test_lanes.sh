@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The tests in three lanes at once (tests/conftest.py says which test runs in which): the capture
-# lane (captures whose CPU shares the tests assert) beside the side lane (tests marked side_lane:
-# tests/unit, the watch agent's, the bad-input and hostile ones) and the tools lane (marked
-# tools_lane: safety, many threads, mapped files, the interpreter tables, packaging...), so that
-# one lane's waits overlap the others' work. The capture lane prints as it goes, the other two
-# when all are done; the exit status is the worst of the three. LANES=1 runs every test in one
-# pytest instead. Arguments go to every pytest.
+# The tests in lanes at once (tests/conftest.py says which test runs in which): the capture
+# lane (captures whose CPU shares the tests assert, and the safety tests) beside the side lane
+# (tests marked side_lane or tools_lane: tests/unit, the watch agent's, the bad-input and
+# hostile ones, profkit's surroundings), so that one lane's waits overlap the other's work.
+# LANES=3 runs the tools_lane tests in a third lane of their own; LANES=1 runs every test in
+# one pytest. The capture lane prints as it goes, the others when all are done; the exit status
+# is the worst of them. Arguments go to every pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-if [ "${LANES:-3}" = 1 ]; then
+if [ "${LANES:-2}" = 1 ]; then
   exec "$PY" -m pytest -ra "$@"
 fi
 # A script's background job inherits SIGINT ignored, and so would every process its tests
@@ -23,7 +23,14 @@ cleanup() {
   rm -f "${logs[@]}"
 }
 trap cleanup EXIT
-for marker in side_lane tools_lane; do
+if [ "${LANES:-2}" = 3 ]; then
+  markers=(side_lane tools_lane)
+  names=(side tools)
+else
+  markers=("side_lane or tools_lane")
+  names=(side)
+fi
+for marker in "${markers[@]}"; do
   log=$(mktemp)
   logs+=("$log")
   "$PY" -m pytest -ra -m "$marker" "$@" >"$log" 2>&1 &
@@ -37,8 +44,7 @@ for i in "${!pids[@]}"; do
 done
 pids=()
 for i in "${!logs[@]}"; do
-  name=$([ "$i" = 0 ] && echo side || echo tools)
-  echo "==================================== the $name lane ===================================="
+  echo "==================================== the ${names[$i]} lane ===================================="
   cat "${logs[$i]}"
 done
 # 5 is pytest's "no tests collected": arguments that select one lane's tests leave the others

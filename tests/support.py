@@ -36,7 +36,7 @@ def uprobe_events() -> list[str]:
 
 def stale_uprobe_events() -> list[str]:
     """The uprobe events whose maker has exited: what a tracer left behind. Events of processes
-    still running belong to other captures (tests run in three lanes), not to the one checked."""
+    still running belong to other captures (tests run in lanes), not to the one checked."""
     stale = []
     for line in uprobe_events():
         owner = _EVENT_OWNER.search(line)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.deep_stacks import pool_stacks, reaches_root
 from profkit.bundle.frames import Frame
 from profkit.bundle.read import Bundle, load_bundle
 from profkit.host.pythreads import python_thread_names
@@ -26,34 +27,6 @@ pytestmark = pytest.mark.root
 
 # The walker's documented bound (docs/collectors.md#the-python-stack-walker).
 BOUND = 256
-
-
-def reaches_root(frames: Sequence[Frame], script: str) -> bool:
-    """The stack's outermost frame is the script's <module>, or the bootstrap of a thread that
-    threading started (a thread's stack has no <module> of its own)."""
-    if not frames:
-        return False
-    root = frames[0]
-    if root.function == "<module>" and root.file.endswith(script):
-        return True
-    return root.function == "Thread._bootstrap" and root.file.endswith("threading.py")
-
-
-def pool_stacks(bundle: Bundle) -> list[tuple[Frame, ...]]:
-    """The stacks that place the pool's CPU in the window: each region's dispatcher stack and
-    each worker sample's, one entry per region or sample."""
-    sched = bundle.sched
-    assert sched is not None
-    opened, closed = bundle.window
-    found = []
-    inside = (sched.region_start >= opened) & (sched.region_start <= closed)
-    for index in sched.stacks_of_regions()[inside].tolist():
-        found.append(sched.python_stacks[index].frames if index >= 0 else ())
-    dispatched = sched.dispatched
-    if dispatched is not None:
-        keep = (dispatched.t_ns >= opened) & (dispatched.t_ns <= closed) & (dispatched.stack >= 0)
-        found += [sched.python_stacks[i].frames for i in dispatched.stack[keep].tolist()]
-    return found
 
 
 def python_sample_stacks(bundle: Bundle) -> dict[int, list[tuple[Frame, ...]]]:
