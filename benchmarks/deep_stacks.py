@@ -135,8 +135,9 @@ def measure(pid: int, case: Case, line: int, duration: float) -> str:
             f"cut {counts.get('truncated', '?')}; pool stacks {len(pool)}, "
             f"reaching the root {_share(pool, case.script):.3f}; Python samples {len(samples)}, "
             f"reaching the root {_share(samples, case.script):.3f}, deepest "
-            f"{max((len(s) for s in samples), default=0)}; pool CPU at the script's line "
-            f"{own:.3f}; thread names {names[:6]}; prompt {prompt_s:.1f} s"
+            f"{max((len(s) for s in samples), default=0)}; pool stacks through the script's "
+            f"line {_through(pool, case.script, line):.3f}; pool CPU whose own-code line is the "
+            f"script's {own:.3f}; thread names {names[:6]}; prompt {prompt_s:.1f} s"
         )
 
 
@@ -183,6 +184,12 @@ def python_sample_stacks(bundle: Bundle) -> list[tuple[Frame, ...]]:
     return [
         tuple(spans.frames[i] for i in spans.stacks[stack]) for stack in spans.stack[keep].tolist()
     ]
+
+
+def _through(stacks: Sequence[Sequence[Frame]], script: str, line: int) -> float:
+    """The share of the stacks with a frame at the script's line."""
+    found = [any(f.file.endswith(script) and f.line == line for f in s) for s in stacks]
+    return float(np.mean(found)) if found else float("nan")
 
 
 def _user_is(row: dict, script: str, line: int) -> bool:
