@@ -22,7 +22,7 @@ from recipes.launch import attach_args, attach_command
 from ..support import ROOT, run_profkit
 from .conftest import StartRecipe
 from .test_dispatched_samples import assert_sites_by_samples
-from .test_pystacks_live import SITES, assert_whole_rounds, line_of, report_of
+from .test_pystacks_live import assert_sites_exact, report_of
 from .test_safety_live import INT3, code_bytes, probe_addresses
 
 pytestmark = pytest.mark.root
@@ -104,14 +104,7 @@ def test_three_sites_exact_on_core_without_headers_bcc_or_perf(
     multi = tuple(int(p) for p in os.uname().release.split(".")[:2]) >= (6, 6)
     assert ebpf["loader"]["uprobe_links"] == ("multi" if multi else "single"), ebpf["loader"]
     assert any("GOMP_parallel entry" in a for a in ebpf["attached"]), ebpf["attached"]
-    report = report_of(out)
-    rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
-    assert set(rows) == set(SITES), report["attribution"]
-    assert {r["method"] for r in rows.values()} == {"stack"}
-    assert_whole_rounds(out, {site: rows[site]["regions"] for site in SITES})
-    for site in SITES:
-        line = line_of("# " + site.replace("_", " "))
-        assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
+    report = assert_sites_exact(out)
     pool = next(p for p in report["pools"] if p["runtime"] == "openmp")
     assert pool["regions_with_stack"] >= 0.99 * pool["regions"] > 0, pool
 

@@ -19,7 +19,7 @@ from profkit.host.tools import find_tool
 from ..support import ROOT, run_profkit
 from .conftest import StartRecipe, attach
 from .test_deep_stacks import pool_stacks, reaches_root
-from .test_pystacks_live import SITES, assert_whole_rounds, line_of, report_of
+from .test_pystacks_live import SITES, assert_sites_exact, line_of, report_of
 
 pytestmark = pytest.mark.root
 
@@ -84,14 +84,7 @@ def test_openmp_three_sites_through_ctypes_deep(
     captured = attach(recipe.pid, out, duration=3.0)
     python = assert_walker_on(out, captured, version)
     assert python["counts"]["truncated"] == 0, python["counts"]
-    report = report_of(out)
-    rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
-    assert set(rows) == set(SITES), report["attribution"]
-    assert {r["method"] for r in rows.values()} == {"stack"}
-    assert_whole_rounds(out, {site: rows[site]["regions"] for site in SITES})
-    for site in SITES:
-        line = line_of("# " + site.replace("_", " "))
-        assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
+    assert_sites_exact(out)
     stacks = pool_stacks(load_bundle(out))
     assert stacks and all(reaches_root(s, "recipes/sites.py") for s in stacks)
     assert min(len(s) for s in stacks) > 150

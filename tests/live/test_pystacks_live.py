@@ -96,6 +96,20 @@ def rounds_and_edges(out: Path) -> tuple[dict[str, int], dict[str, int]]:
     return whole, edges
 
 
+def assert_sites_exact(out: Path) -> dict:
+    """The report names the three sites, each by its regions' stacks, at its own line, and
+    their regions are the whole rounds' exact 1:2:3; the report, for more checks."""
+    report = report_of(out)
+    rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
+    assert set(rows) == set(SITES), report["attribution"]
+    assert {r["method"] for r in rows.values()} == {"stack"}
+    assert_whole_rounds(out, {site: rows[site]["regions"] for site in SITES})
+    for site in SITES:
+        line = line_of("# " + site.replace("_", " "))
+        assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
+    return report
+
+
 def assert_whole_rounds(out: Path, counts: Mapping[str, int]) -> None:
     """The report's region counts are the whole rounds', exactly 1:2:3, plus the partial rounds
     at the window's edges."""
