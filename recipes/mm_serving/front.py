@@ -30,7 +30,7 @@ TRANSPORTS = ("shm-torch", "shm-numpy", "cuda-ipc")
 
 def to_shared_memory(pixel_values: torch.Tensor, with_torch: bool) -> str:
     nbytes = pixel_values.numel() * pixel_values.element_size()
-    shm = shared_memory.SharedMemory(create=True, size=nbytes)
+    shm = shared_memory.SharedMemory(create=True, size=nbytes, name=segment_name())
     try:
         if with_torch:
             destination = torch.frombuffer(shm.buf, dtype=torch.uint8)
@@ -45,6 +45,12 @@ def to_shared_memory(pixel_values: torch.Tensor, with_torch: bool) -> str:
         return shm.name
     finally:
         shm.close()
+
+
+def segment_name() -> str:
+    """A fresh segment's name, which says which front made it: a segment left behind is told
+    from another process's."""
+    return f"psm_{os.getpid()}_{os.urandom(4).hex()}"
 
 
 class Front:
