@@ -122,6 +122,20 @@ def assert_whole_rounds(out: Path, counts: Mapping[str, int], shuffled: bool = F
     assert {site: whole[site] + edges[site] for site in SITES} == dict(counts), (whole, edges)
 
 
+def assert_sites_exact(out: Path) -> dict:
+    """The report names the three sites, each by its regions' stacks, at its own line, and
+    their regions are the whole rounds' exact 1:2:3; the report, for more checks."""
+    report = report_of(out)
+    rows = {r["function"]: r for r in report["attribution"] if r["pool"] == "openmp"}
+    assert set(rows) == set(SITES), report["attribution"]
+    assert {r["method"] for r in rows.values()} == {"stack"}
+    assert_whole_rounds(out, {site: rows[site]["regions"] for site in SITES})
+    for site in SITES:
+        line = line_of("# " + site.replace("_", " "))
+        assert rows[site]["site"].endswith(f"recipes/sites.py:{line}"), rows[site]
+    return report
+
+
 def assert_ratio(counts: Mapping[str, float], tolerance: float) -> None:
     """counts per site against 1:2:3, each within `tolerance` (relative)."""
     unit = counts["site_one"]
