@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The tests in lanes at once (tests/conftest.py says which test runs in which): the capture
-# lane (captures whose CPU shares the tests assert, and the safety tests) beside the side lane
-# (tests marked side_lane or tools_lane: tests/unit, the watch agent's, the bad-input and
-# hostile ones, profkit's surroundings), so that one lane's waits overlap the other's work.
-# LANES=3 runs the tools_lane tests in a third lane of their own; LANES=1 runs every test in
-# one pytest. The capture lane prints as it goes, the others when all are done; the exit status
-# is the worst of them. Arguments go to every pytest.
+# The tests in three lanes at once (tests/conftest.py says which test runs in which): the
+# capture lane (captures whose CPU shares the tests assert, and the safety tests), the side lane
+# (tests marked side_lane: tests/unit, the watch agent's, the bad-input and hostile ones, the
+# CO-RE and 3.14/3.15 captures) and the tools lane (tests marked tools_lane: profkit's
+# surroundings), so that one lane's waits overlap the others' work. LANES=2 runs the side and
+# tools lanes' tests in one lane; LANES=1 runs every test in one pytest. ALSO, a command (make
+# test's type check), runs beside them. The capture lane prints as it goes, the others when all
+# are done; the exit status is the worst of them. Arguments go to every pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-if [ "${LANES:-2}" = 1 ]; then
+if [ "${LANES:-3}" = 1 ]; then
+  [ -z "${ALSO:-}" ] || $ALSO || exit
   exec "$PY" -m pytest -ra "$@"
 fi
 # A script's background job inherits SIGINT ignored, and so would every process its tests
@@ -23,19 +25,30 @@ cleanup() {
   rm -f "${logs[@]}"
 }
 trap cleanup EXIT
-if [ "${LANES:-2}" = 3 ]; then
+if [ "${LANES:-3}" = 3 ]; then
   markers=(side_lane tools_lane)
-  names=(side tools)
+  lanes=("the side lane" "the tools lane")
 else
   markers=("side_lane or tools_lane")
-  names=(side)
+  lanes=("the side lane")
 fi
-for marker in "${markers[@]}"; do
+names=()
+for i in "${!markers[@]}"; do
   log=$(mktemp)
   logs+=("$log")
-  "$PY" -m pytest -ra -m "$marker" "$@" >"$log" 2>&1 &
+  names+=("${lanes[$i]}")
+  "$PY" -m pytest -ra -m "${markers[$i]}" "$@" >"$log" 2>&1 &
   pids+=($!)
 done
+also=()
+if [ -n "${ALSO:-}" ]; then
+  log=$(mktemp)
+  logs+=("$log")
+  names+=("$ALSO")
+  $ALSO >"$log" 2>&1 &
+  pids+=($!)
+  also=(1)
+fi
 "$PY" -m pytest -ra -m "not side_lane and not tools_lane" "$@"
 statuses=($?)
 for i in "${!pids[@]}"; do
@@ -44,20 +57,22 @@ for i in "${!pids[@]}"; do
 done
 pids=()
 for i in "${!logs[@]}"; do
-  echo "==================================== the ${names[$i]} lane ===================================="
+  echo "==================================== ${names[$i]} ===================================="
   cat "${logs[$i]}"
 done
 # 5 is pytest's "no tests collected": arguments that select one lane's tests leave the others
-# empty, which is no failure as long as one ran.
+# empty, which is no failure as long as one ran. ALSO's status, last, counts as it is.
 worst=0
 empty=0
-for status in "${statuses[@]}"; do
-  if [ "$status" = 5 ]; then
+lanes_run=$((${#statuses[@]} - ${#also[@]}))
+for i in "${!statuses[@]}"; do
+  status=${statuses[$i]}
+  if [ "$status" = 5 ] && [ "$i" -lt "$lanes_run" ]; then
     empty=$((empty + 1))
   elif [ "$status" != 0 ]; then
     worst=$status
   fi
 done
 [ "$worst" != 0 ] && exit "$worst"
-[ "$empty" = "${#statuses[@]}" ] && exit 5
+[ "$empty" = "$lanes_run" ] && exit 5
 exit 0
