@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The tests in three lanes at once (tests/conftest.py says which test runs in which): the
-# capture lane (captures whose CPU shares the tests assert, and the safety tests), the side lane
-# (tests marked side_lane: tests/unit, the watch agent's, the bad-input and hostile ones, the
-# CO-RE and 3.14/3.15 captures) and the tools lane (tests marked tools_lane: profkit's
-# surroundings), so that one lane's waits overlap the others' work. LANES=2 runs the side and
-# tools lanes' tests in one lane; LANES=1 runs every test in one pytest. ALSO, a command (make
-# test's type check), runs beside them. The capture lane prints as it goes, the others when all
-# are done; the exit status is the worst of them. Arguments go to every pytest.
+# capture lane (captures whose CPU shares the tests assert), the side lane (tests marked
+# side_lane: tests/unit, the watch agent's, the bad-input and hostile ones, the CO-RE and
+# 3.14/3.15 captures) and the tools lane (tests marked tools_lane: the safety tests and
+# profkit's surroundings), so that one lane's waits overlap the others' work. LANES=2 runs the
+# side and tools lanes' tests in one lane; LANES=1 runs every test in one pytest. ALSO, a
+# command (make test's type check), runs beside them. The capture lane prints as it goes, the
+# others when all are done; the exit status is the worst of them. Arguments go to every pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -10,19 +10,19 @@ there is marked `live`, so that `-m "not live"` selects tests/unit.
 where the tests do not run as root. A test under tests/unit marked `root` or `live` stops the
 collection: it belongs in tests/live.
 
-`make test` runs the tests in two lanes at once (scripts/test_lanes.sh), so that one lane's
-waits (capture windows, watch intervals, scrapes) overlap the other's work:
+`make test` runs the tests in three lanes at once (scripts/test_lanes.sh), so that one lane's
+waits (capture windows, watch intervals, scrapes) overlap the others' work:
+- the capture lane: the captures that attach to recipes and assert where their CPU goes;
 - the side lane, marked `side_lane` here: tests/unit, the watch agent's tests, the bad-input
-  and hostile tests, the captures of the CO-RE loader's and of CPython 3.14 and 3.15, and the
+  and hostile tests, and the captures of the CO-RE loader's and of CPython 3.14 and 3.15;
+- the tools lane, marked `tools_lane`: the safety tests (signals, repeated attaches) and the
   live tests of what profkit does around its target and tools (many threads, mapped files and
-  names, probe points, the interpreter tables, packaging, doctor, the consumers of its outputs);
-- the capture lane: the rest of tests/live, which attaches captures to recipes and asserts
-  where their CPU goes, and the safety tests (signals, repeated attaches).
-A third lane (`LANES=3`: the side lane's live tests of profkit's surroundings apart, marked
-`tools_lane`) ends sooner on two cores but loads them fully, and tests that time a recipe's
-rate or a teardown failed under it. Every lane's tests run beside the other's, so no test may
-assume the machine to itself (a leftover check looks at what its own tools made:
-support.stale_uprobe_events), and a share a test asserts must hold on a busy machine.
+  names, probe points, the interpreter tables, packaging, doctor, the consumers of its outputs).
+The lanes load two cores fully, so no test may assume the machine to itself (a leftover check
+looks at what its own tools or processes made: support.stale_uprobe_events, the serving
+front's own segments), and a rate or share a test asserts must hold on a busy machine: a recipe
+a test times is paced below what the machine can run (the switched-probes test), or runs ahead
+of the other lanes (niceness -10). `LANES=2` runs the side and tools lanes' tests in one lane.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ SIDE_LANE = (
     "test_new_pythons.py",
 )
 TOOLS_LANE = (
+    "test_safety_live.py",
     "test_many_threads.py",
     "test_mapped_files.py",
     "test_target_names.py",
