@@ -212,3 +212,35 @@ def test_a_library_swapped_for_a_link_is_probed_as_mapped(
         summaries.append(summary(out, copy))
     # Whether the file only root may read is a library or not changes nothing in the bundle.
     assert summaries[0] == summaries[1]
+
+
+@pytest.mark.skipif(shutil.which("perf") is None, reason="needs perf")
+def test_perf_names_the_frames_of_the_file_mapped_not_of_its_name(
+    tmp_path: Path, places: dict[str, Path]
+) -> None:
+    """perf script names frames by the mappings' names, and its --pid filters what it prints,
+    not what it reads: a system-wide recording read, as root, the file a link at a sampled
+    process's library name pointed to (seen when another test's capture sampled this target).
+    Through its tree of the target's own mapped files, it reads only those."""
+    target, copy = start_target(places, valid=True)
+    out = tmp_path / "perf"
+    try:
+        with watched(places["private"] / "libgomp.so.1") as opened:
+            done = run_profkit(
+                *("attach", "--pid", str(target.pid), "-d", "2", "--no-report"),
+                *("--collectors", "perf_record,proc", "-o", str(out)),
+                timeout=180,
+            )
+    finally:
+        target.kill()
+        target.wait(timeout=20)
+    assert done.returncode == 0, done.stderr
+    assert opened == [], "root opened or read the file only root may read"
+    perf = json.loads((out / "perf.json").read_text())
+    # The target's samples fall in the copy it mapped, under its own name for it. That copy is
+    # deleted, and perf finds no file of that name in the tree: its frames read [unknown],
+    # where before perf named them from whatever file the name pointed to by then.
+    files = {dso for _, dso in perf["frames"]}
+    assert f"{copy} (deleted)" in files, files
+    for name, text in outputs(out).items():
+        assert str(places["private"]) not in text, name

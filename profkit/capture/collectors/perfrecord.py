@@ -13,19 +13,31 @@ per-thread event (`-p`) is switched in and out with its thread, and an OpenMP po
 thousands of times a second, so `-p` costs the target several times what `-a` does
 (docs/results/perf-cost.md#per-cpu-or-per-thread). System-wide perf.data holds every process's
 samples, so it is deleted once the target's are converted.
+
+`perf script` names frames by reading the files the samples fall in, by the names their
+mappings had: every sampled process's, not only the target's, since its `--pid` filters what it
+prints, not what it resolves. A name is not a file (host/mapped.py): a process may put a link
+to a file only root may read at the name of a library it mapped. So perf reads through
+`--symfs`, a private tree that holds, at each of the target's mapped names, a link to the
+mapping's own file (/proc/PID/map_files, checked); other processes' files are not in it, and
+the kernel's symbols come from /proc/kallsyms.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ...bundle.parts import PERF, PERF_DATA, CollectorResult
 from ...bundle.safefile import write_new
+from ...host.mapped import UnverifiedFile, mapped_files
 from ...host.target import Target
 from ...host.tools import find_tool
 from .. import demangle
@@ -125,33 +137,11 @@ class PerfRecordCollector:
                 notes=notes,
             )
         fast_names = demangle.available()
-        command = [
-            self._tool.path,
-            "script",
-            "-i",
-            str(directory / PERF_DATA),
-            *(["--no-demangle"] if fast_names else []),
-            "--no-inline",
-            "--show-lost-events",
-            "--pid",
-            str(self._context.target.pid),
-            "-F",
-            "tid,time,period,ip,sym,dso",
-        ]
-        # Streamed: a long capture's text is far larger than its tables.
-        with subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-        ) as script:
-            assert script.stdout is not None
-            samples = parse_script(script.stdout)
-        if fast_names:
-            samples = demangle.rename_frames(
-                samples, demangle.demangle([f[0] for f in samples["frames"]])
-            )
+        symfs = Path(tempfile.mkdtemp(prefix="profkit-symfs-"))
+        try:
+            samples = self._script(directory, symfs, fast_names)
+        finally:
+            shutil.rmtree(symfs, ignore_errors=True)
         write_new(directory / PERF, json.dumps(samples))
         files: tuple[str, ...] = (PERF_DATA, PERF)
         if notes["scope"] == "cpu":
@@ -170,6 +160,68 @@ class PerfRecordCollector:
             files=files,
             notes=notes,
         )
+
+    def _script(self, directory: Path, symfs: Path, fast_names: bool) -> dict:
+        """The target's samples, named through a tree of its own mapped files (see above)."""
+        assert self._context is not None
+        pid = self._context.target.pid
+        assert self._tool.path is not None  # available() found it
+        symbol_tree(pid, symfs)
+        command = [
+            self._tool.path,
+            "script",
+            "-i",
+            str(directory / PERF_DATA),
+            "--symfs",
+            str(symfs),
+            "--kallsyms",
+            "/proc/kallsyms",
+            *(["--no-demangle"] if fast_names else []),
+            "--no-inline",
+            "--show-lost-events",
+            "--pid",
+            str(pid),
+            "-F",
+            "tid,time,period,ip,sym,dso",
+        ]
+        # Streamed: a long capture's text is far larger than its tables.
+        with subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+        ) as script:
+            assert script.stdout is not None
+            samples = parse_script(script.stdout)
+        if fast_names:
+            samples = demangle.rename_frames(
+                samples, demangle.demangle([f[0] for f in samples["frames"]])
+            )
+        return samples
+
+
+def symbol_tree(pid: int, root: Path) -> None:
+    """Under root (a fresh private directory), each file the process maps at the name its
+    mapping has, as a link to the mapping's own file; a mapping that cannot be checked, or a
+    name that collides with another, is left out (its frames read as perf's [unknown])."""
+    try:
+        files = mapped_files(pid)
+    except OSError:
+        return
+    for mapped in files:
+        # normpath of an absolute name keeps it under root: a leading '..' has nowhere to go.
+        relative = os.path.normpath(mapped.path).lstrip("/")
+        if not relative:
+            continue
+        with contextlib.suppress(UnverifiedFile, OSError):
+            via = mapped.checked()
+            place = root / relative
+            # mkdir never follows a link this tree holds: a name under another's link fails.
+            place.parent.mkdir(parents=True, exist_ok=True)
+            # perf names a file deleted since it was mapped with the maps' suffix.
+            suffix = " (deleted)" if mapped.mapping.deleted else ""
+            os.symlink(via, place.with_name(place.name + suffix))
 
 
 def failure_reason(exit_code: int | None, signals_sent: list[str], stderr: str) -> str:
@@ -201,8 +253,12 @@ def _frames(block: list[str]) -> Iterator[tuple[str, str]]:
         if len(parts) < 2:
             continue
         rest = parts[1]
+        # A file deleted since it was mapped prints as "(NAME (deleted))".
+        deleted = rest.endswith(" (deleted))")
+        if deleted:
+            rest = rest.removesuffix(" (deleted))") + ")"
         symbol, _, dso = rest.rpartition(" (")
-        yield (symbol or rest, dso.rstrip(")"))
+        yield (symbol or rest, dso.removesuffix(")") + (" (deleted)" if deleted else ""))
 
 
 def parse_script(lines: Iterable[str]) -> dict:
