@@ -218,10 +218,9 @@ def test_a_library_swapped_for_a_link_is_probed_as_mapped(
 def test_perf_names_the_frames_of_the_file_mapped_not_of_its_name(
     tmp_path: Path, places: dict[str, Path]
 ) -> None:
-    """perf script names frames by the mappings' names, and its --pid filters what it prints,
-    not what it reads: a system-wide recording read, as root, the file a link at a sampled
-    process's library name pointed to (seen when another test's capture sampled this target).
-    Through its tree of the target's own mapped files, it reads only those."""
+    """perf script names frames by the mappings' names; through its tree of the target's own
+    mapped files (perfrecord.symbol_tree) it never reads the file a link at such a name points
+    to, and a frame's file is the target's own name for it, ' (deleted)' and all."""
     target, copy = start_target(places, valid=True)
     out = tmp_path / "perf"
     try:

@@ -15,12 +15,11 @@ thousands of times a second, so `-p` costs the target several times what `-a` do
 samples, so it is deleted once the target's are converted.
 
 `perf script` names frames by reading the files the samples fall in, by the names their
-mappings had: every sampled process's, not only the target's, since its `--pid` filters what it
-prints, not what it resolves. A name is not a file (host/mapped.py): a process may put a link
-to a file only root may read at the name of a library it mapped. So perf reads through
-`--symfs`, a private tree that holds, at each of the target's mapped names, a link to the
-mapping's own file (/proc/PID/map_files, checked); other processes' files are not in it, and
-the kernel's symbols come from /proc/kallsyms.
+mappings had. A name is not a file (host/mapped.py): a process may put a link to a file only
+root may read at the name of a library it mapped. So perf reads through `--symfs`, a private
+tree that holds, at each of the target's mapped names, a link to the mapping's own file
+(/proc/PID/map_files, checked); no other file is in it, and the kernel's symbols come from
+/proc/kallsyms.
 """
 
 from __future__ import annotations
@@ -219,9 +218,7 @@ def symbol_tree(pid: int, root: Path) -> None:
             place = root / relative
             # mkdir never follows a link this tree holds: a name under another's link fails.
             place.parent.mkdir(parents=True, exist_ok=True)
-            # perf names a file deleted since it was mapped with the maps' suffix.
-            suffix = " (deleted)" if mapped.mapping.deleted else ""
-            os.symlink(via, place.with_name(place.name + suffix))
+            os.symlink(via, place)
 
 
 def failure_reason(exit_code: int | None, signals_sent: list[str], stderr: str) -> str:
