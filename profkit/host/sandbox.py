@@ -20,6 +20,10 @@ from ..errors import CgroupError
 from .cgroup import MOUNTINFO, Mount, parse_mountinfo
 
 PERIOD_US = 100_000
+# The highest CPU weight each version accepts (v1 cpu.shares, v2 cpu.weight). A favoured group
+# gets the CPU it asks for before any process of default weight, up to its quota: on a busy
+# machine the quota, not the competition, is then what limits it.
+HIGHEST_WEIGHT = {"v1": 262_144, "v2": 10_000}
 
 
 @dataclass(frozen=True)
@@ -60,9 +64,18 @@ def _enable_cpu(directory: Path) -> None:
 
 @contextmanager
 def quota_group(
-    cores: float, *, on_parent: bool = False, period_us: int = PERIOD_US, name: str | None = None
+    cores: float,
+    *,
+    on_parent: bool = False,
+    period_us: int = PERIOD_US,
+    name: str | None = None,
+    favoured: bool = False,
 ) -> Iterator[QuotaGroup]:
-    """A fresh cgroup whose processes share `cores` CPUs' worth of time per period."""
+    """A fresh cgroup whose processes share `cores` CPUs' worth of time per period.
+
+    favoured: the group gets the highest CPU weight, so that it runs up to its quota however
+    busy the machine is (a group of default weight competes as one process would, and on a
+    loaded machine may never reach the quota that is meant to throttle it)."""
     if os.geteuid() != 0:
         raise CgroupError("creating a cgroup with a CPU quota needs root")
     if cores <= 0:
@@ -72,6 +85,9 @@ def quota_group(
         group = _create(
             name or f"profkit-{uuid.uuid4().hex[:8]}", cores, on_parent, period_us, created
         )
+        if favoured:
+            weight = "cpu.shares" if group.version == "v1" else "cpu.weight"
+            (group.limited / weight).write_text(str(HIGHEST_WEIGHT[group.version]))
     except OSError as exc:
         _remove(created)
         raise CgroupError(f"cgroup setup failed: {exc}") from exc

@@ -129,14 +129,16 @@ class StartRecipe(Protocol):
         warmup: float = 0.5,
         python: str | None = None,
         nice: int = 0,
+        favoured: bool = True,
     ) -> Recipe: ...
 
 
 @pytest.fixture
 def start_recipe() -> Iterator[StartRecipe]:
     """start_recipe(script, *args, cores=None, on_parent=False, env=None, warmup=0.5,
-    python=None, nice=0): python is another interpreter to run the recipe with; nice, a
-    niceness for it (negative: ahead of the other lanes' processes)."""
+    python=None, nice=0, favoured=True): python is another interpreter to run the recipe with;
+    nice, a niceness for it (negative: ahead of the other lanes' processes); favoured, the quota
+    group's highest CPU weight (see quota_group), for a quota the recipe should be throttled by."""
     started: list[Recipe] = []
     stack = contextlib.ExitStack()
 
@@ -149,8 +151,15 @@ def start_recipe() -> Iterator[StartRecipe]:
         warmup: float = 0.5,
         python: str | None = None,
         nice: int = 0,
+        favoured: bool = True,
     ) -> Recipe:
-        group = stack.enter_context(quota_group(cores, on_parent=on_parent)) if cores else None
+        # Favoured: the other lanes' processes must not keep the recipe below the quota that is
+        # meant to throttle it.
+        group = (
+            stack.enter_context(quota_group(cores, on_parent=on_parent, favoured=favoured))
+            if cores
+            else None
+        )
         recipe = _start([str(RECIPES / script), *args], group, env, python, nice)
         started.append(recipe)
         time.sleep(warmup)

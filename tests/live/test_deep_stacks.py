@@ -83,7 +83,14 @@ def test_encoder_behind_a_web_handler(start_recipe: StartRecipe, tmp_path: Path)
     clients: the pool's stacks reach the server script's <module> through uvicorn and asyncio,
     and the report names the handler's encode line."""
     recipe = start_recipe(
-        "encoder_server.py", "--threads", "4", "--load", "2", warmup=3.0, cores=1.5
+        "encoder_server.py",
+        "--threads",
+        "4",
+        "--load",
+        "2",
+        warmup=3.0,
+        cores=1.5,
+        favoured=False,  # 1.5 of 2 cores, favoured, would starve the other lanes
     )
     match = re.search(r"encode_line=(\d+)", recipe.output)
     assert match, recipe.output
