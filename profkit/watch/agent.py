@@ -196,7 +196,7 @@ class Agent:
                 return
             if watched.awaiting_runtime:
                 try:
-                    if watched.look_for_runtime():
+                    if watched.look_for_runtime() and self.options.probes:
                         self._load_probe(watched, labels)
                 except OSError:
                     self._drop(identity)

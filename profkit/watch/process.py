@@ -163,8 +163,9 @@ class WatchedProcess:
 
     @property
     def awaiting_runtime(self) -> bool:
-        """Found before it loaded an OpenMP runtime (torch not imported yet)."""
-        return self.target.openmp_runtime is None and not isinstance(self.probe, NoProbe)
+        """Found before it loaded an OpenMP runtime (torch not imported yet): looked at again
+        each window, probe or not, for the pool's CPU."""
+        return self.target.openmp_runtime is None
 
     @property
     def needs_probe(self) -> bool:
@@ -183,6 +184,7 @@ class WatchedProcess:
         load_probe()); the first window closes at the next read."""
         if load_probe:
             self.load_probe()
+        self._find_runtime_code()
         self._cpu = self._read_threads()
         self._classify(list(self._cpu))
         self._process_cpu = procfs.read_stat(self.pid).cpu_seconds
@@ -206,11 +208,17 @@ class WatchedProcess:
                     self._baseline_probe()
                     self._probe_ready = True
 
-    def _baseline_probe(self) -> None:
+    def _find_runtime_code(self) -> None:
+        """Where the runtime's code is mapped, read once it is: a thread found waiting there is
+        a worker. It comes from the maps, not the probe, so that pool CPU counts from the first
+        window, while a probe loads, and where none can (--no-probes included)."""
         rt = self.target.openmp_runtime
-        if rt is not None:
+        if rt is not None and not self._runtime_code:
             with contextlib.suppress(OSError):
                 self._runtime_code = _code_ranges(self.pid, rt)
+
+    def _baseline_probe(self) -> None:
+        self._find_runtime_code()
         self._regions = self.probe.regions()
         stacks = self.probe.stacks()
         self._stacks = {i: c.region_ns for i, (c, _) in stacks.items()}
@@ -231,8 +239,13 @@ class WatchedProcess:
             if self._loading:
                 return False
             self.target = target
+            self._find_runtime_code()
             self.probe.close()
-            self.probe = RegionProbe(target, self.probe.loader)
+            self.probe = (
+                NoProbe(target)
+                if isinstance(self.probe, NoProbe)
+                else RegionProbe(target, self.probe.loader)
+            )
             self._probe_ready = False
         return True
 

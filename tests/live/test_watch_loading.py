@@ -1,5 +1,6 @@
 """`watch` with probes that take seconds to load: every target has series from the first
-window, a stop is obeyed while probes load, and a target that execs is a new target."""
+window, a stop is obeyed while probes load, and a target that execs is a new target; pool CPU
+comes from /proc whether a probe is loaded or not."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ..support import stale_uprobe_events
-from ..watch_support import agent
+from ..watch_support import AgentProcess, Readings, agent, interpolate, thread_cpu
 
 pytestmark = pytest.mark.root
 
@@ -96,3 +97,76 @@ def test_a_target_that_execs_is_watched_as_the_new_program(tmp_path: Path) -> No
     finally:
         process.kill()
         process.wait(timeout=20)
+
+
+# Imports torch after argv[1] seconds, then keeps its pool copying.
+LATE_POOL = (
+    "import sys, time\n"
+    "time.sleep(float(sys.argv[1]))\n"
+    "import torch\n"
+    "torch.set_num_threads(2)\n"
+    "x = torch.ones(1 << 22)\n"
+    "y = torch.empty_like(x)\n"
+    "while True:\n"
+    "    y.copy_(x)\n"
+)
+POOL_CPU = re.compile(r"^profkit_pool_cpu_seconds_total\{.*\} (\S+) (\d+)$", re.M)
+
+
+def worker_cpu(pid: int) -> float:
+    """The truth: every thread's CPU but the main one's (here, the pool's workers)."""
+    return sum(cpu for tid, cpu in thread_cpu(pid).items() if tid != pid)
+
+
+def pool_samples(agents: list[AgentProcess], seconds: float) -> list[list[tuple[float, float]]]:
+    """Each agent's (stamp, value) of the pool CPU counter, each new stamp once, over
+    `seconds`."""
+    seen: list[dict[float, float]] = [{} for _ in agents]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for a, into in zip(agents, seen, strict=True):
+            for value, stamp_ms in POOL_CPU.findall(a.metrics()):
+                into[int(stamp_ms) / 1000] = float(value)
+        time.sleep(0.25)
+    return [sorted(into.items()) for into in seen]
+
+
+def test_pool_cpu_comes_from_proc_without_probes() -> None:
+    """--no-probes: pool CPU is the workers' CPU from /proc, for a target found with its pool
+    running and for one found before it imported torch (its workers' CPU from their start)."""
+    early = subprocess.Popen([sys.executable, "-c", LATE_POOL, "0"])
+    late = subprocess.Popen([sys.executable, "-c", LATE_POOL, "4"])
+    try:
+        time.sleep(3)  # the early target's pool runs; the late one has not imported torch
+        with (
+            agent(
+                "--pid", str(early.pid), "--name", "early", "--interval", "1", "--no-probes"
+            ) as a,
+            agent("--pid", str(late.pid), "--name", "late", "--interval", "1", "--no-probes") as b,
+            Readings(lambda: worker_cpu(early.pid)) as early_truth,
+            Readings(lambda: worker_cpu(late.pid)) as late_truth,
+        ):
+            a.wait_serving()
+            b.wait_serving()
+            time.sleep(4)  # the late target imports torch meanwhile
+            early_series, late_series = pool_samples([a, b], 8)
+            time.sleep(0.5)  # the truth's readings run past the last stamp
+        for name, series, truth in (
+            ("early", early_series, early_truth.series(float)),
+            ("late", late_series, late_truth.series(float)),
+        ):
+            inside = [(t, v) for t, v in series if truth[0][0] <= t <= truth[-1][0]]
+            assert len(inside) >= 6, (name, series)
+            (t0, v0), (t1, v1) = inside[0], inside[-1]
+            burned = interpolate(truth, t1) - interpolate(truth, t0)
+            assert burned >= 1.0, f"{name}: its pool burned only {burned:.2f} s"
+            assert abs((v1 - v0) - burned) <= 0.05 * burned, (name, v1 - v0, burned)
+        # The late target's workers started after the agent's baseline: the counter holds all
+        # of their CPU since they started.
+        stamp, value = late_series[-1]
+        total = interpolate(late_truth.series(float), stamp)
+        assert abs(value - total) <= 0.05 * total, (value, total)
+    finally:
+        for process in (early, late):
+            process.kill()
+            process.wait(timeout=20)
