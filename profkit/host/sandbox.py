@@ -24,6 +24,7 @@ PERIOD_US = 100_000
 # gets the CPU it asks for before any process of default weight, up to its quota: on a busy
 # machine the quota, not the competition, is then what limits it.
 HIGHEST_WEIGHT = {"v1": 262_144, "v2": 10_000}
+WEIGHT_FILE = {"v1": "cpu.shares", "v2": "cpu.weight"}
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def quota_group(
             name or f"profkit-{uuid.uuid4().hex[:8]}", cores, on_parent, period_us, created
         )
         if favoured:
-            weight = "cpu.shares" if group.version == "v1" else "cpu.weight"
+            weight = WEIGHT_FILE[group.version]
             (group.limited / weight).write_text(str(HIGHEST_WEIGHT[group.version]))
     except OSError as exc:
         _remove(created)

@@ -6,16 +6,16 @@ import os
 import subprocess
 import sys
 
-from profkit.host.sandbox import HIGHEST_WEIGHT, quota_group
+import pytest
 
+from profkit.host.sandbox import HIGHEST_WEIGHT, WEIGHT_FILE, quota_group
 
-def _weight_file(version: str) -> str:
-    return "cpu.shares" if version == "v1" else "cpu.weight"
+pytestmark = pytest.mark.root
 
 
 def test_a_favoured_group_has_the_highest_weight_and_its_quota() -> None:
     with quota_group(0.5, favoured=True) as favoured, quota_group(0.5) as plain:
-        weight = _weight_file(favoured.version)
+        weight = WEIGHT_FILE[favoured.version]
         assert int((favoured.limited / weight).read_text()) == HIGHEST_WEIGHT[favoured.version]
         # A plain group keeps the kernel's default weight: 1024 shares (v1), 100 (v2).
         assert int((plain.limited / weight).read_text()) == (1024 if plain.version == "v1" else 100)
