@@ -118,17 +118,30 @@ def worker_cpu(pid: int) -> float:
     return sum(cpu for tid, cpu in thread_cpu(pid).items() if tid != pid)
 
 
-def pool_samples(agents: list[AgentProcess], seconds: float) -> list[list[tuple[float, float]]]:
-    """Each agent's (stamp, value) of the pool CPU counter, each new stamp once, over
-    `seconds`."""
+def pool_samples(
+    agents: list[AgentProcess], truths: list[Readings], burned: float, most: float
+) -> list[list[tuple[float, float]]]:
+    """Each agent's (stamp, value) of the pool CPU counter, each new stamp once, read until
+    every truth has risen by `burned` CPU seconds (at least 8 s, at most `most` s): how much
+    CPU a pool gets in a fixed time depends on what else this machine runs."""
     seen: list[dict[float, float]] = [{} for _ in agents]
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    started = time.monotonic()
+    first = [truth_now(t) for t in truths]
+
+    def enough() -> bool:
+        return all(truth_now(t) - f >= burned for t, f in zip(truths, first, strict=True))
+
+    while time.monotonic() - started < 8 or (not enough() and time.monotonic() - started < most):
         for a, into in zip(agents, seen, strict=True):
             for value, stamp_ms in POOL_CPU.findall(a.metrics()):
                 into[int(stamp_ms) / 1000] = float(value)
         time.sleep(0.25)
     return [sorted(into.items()) for into in seen]
+
+
+def truth_now(truth: Readings) -> float:
+    series = truth.series(float)
+    return series[-1][1] if series else 0.0
 
 
 def test_pool_cpu_comes_from_proc_without_probes() -> None:
@@ -149,7 +162,9 @@ def test_pool_cpu_comes_from_proc_without_probes() -> None:
             a.wait_serving()
             b.wait_serving()
             time.sleep(4)  # the late target imports torch meanwhile
-            early_series, late_series = pool_samples([a, b], 8)
+            early_series, late_series = pool_samples(
+                [a, b], [early_truth, late_truth], burned=1.5, most=45
+            )
             time.sleep(0.5)  # the truth's readings run past the last stamp
         for name, series, truth in (
             ("early", early_series, early_truth.series(float)),
