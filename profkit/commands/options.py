@@ -202,8 +202,8 @@ def capture_options(function: F) -> F:
             default="auto",
             show_default=True,
             help="auto: the eBPF walker reads each parallel region's Python stack and samples "
-            "the Python threads on CPU, without stopping them (CPython 3.10-3.13); where it "
-            "cannot, py-spy joins the default collectors. off: no walker.",
+            "the Python threads on CPU, without stopping them (CPython 3.10-3.15, not "
+            "free-threaded); where it cannot, py-spy joins the default collectors. off: no walker.",
         ),
         click.option(
             "--cpu-budget",
