@@ -147,6 +147,37 @@ def readable_copy(into: Path) -> Path:
     return into
 
 
+_READABLE_SITE: Path | None = None
+
+
+def readable_site() -> Path:
+    """One readable copy of profkit and its packages per test process, compiled once: copying
+    and compiling it for every command run as another user cost seconds each. Removed when the
+    process exits."""
+    global _READABLE_SITE
+    if _READABLE_SITE is None:
+        import atexit
+        import tempfile
+
+        site = Path(tempfile.mkdtemp(prefix="profkit-code-"))
+        atexit.register(shutil.rmtree, site, ignore_errors=True)
+        try:
+            readable_copy(site)
+            # Compiled by the interpreter that runs it, so that its bytecode is the one read.
+            subprocess.run(
+                [SYSTEM_PYTHON, "-m", "compileall", "-q", "-j", "0", str(site)],
+                check=True,
+                capture_output=True,
+            )
+            for path in [site, *site.rglob("*")]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+        except BaseException:
+            shutil.rmtree(site, ignore_errors=True)
+            raise
+        _READABLE_SITE = site
+    return _READABLE_SITE
+
+
 def profkit_in(cwd: Path, *args: str, user: int | None = None) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "profkit", *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -154,14 +185,6 @@ def profkit_in(cwd: Path, *args: str, user: int | None = None) -> subprocess.Com
         # The virtualenv's interpreter may live under root's home; the system one with a
         # readable copy of profkit and its packages on the path runs the same code as another
         # user.
-        import tempfile
-
-        site = Path(tempfile.mkdtemp(prefix="profkit-code-"))
-        try:
-            readable_copy(site)
-        except BaseException:
-            shutil.rmtree(site, ignore_errors=True)
-            raise
         command = [
             "setpriv",
             f"--reuid={user}",
@@ -173,13 +196,7 @@ def profkit_in(cwd: Path, *args: str, user: int | None = None) -> subprocess.Com
             "profkit",
             *args,
         ]
-        env["PYTHONPATH"] = str(site)
-        try:
-            return subprocess.run(
-                command, cwd=cwd, capture_output=True, text=True, timeout=120, env=env
-            )
-        finally:
-            shutil.rmtree(site, ignore_errors=True)
+        env["PYTHONPATH"] = str(readable_site())
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
 
 
