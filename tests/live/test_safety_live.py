@@ -88,21 +88,12 @@ def code_bytes(pid: int, addresses: list[int]) -> dict[int, int]:
 INT3 = 0xCC
 
 
-# The targets below spin eight threads in the scheduling group of the test run that starts them,
-# the group profkit starts in too: niced, they still run their regions (whatever CPU is left is
-# theirs), but do not make profkit's start-up and teardown, which these tests are about, wait
-# behind eight busy threads.
-SPINNING_NICE = 10
-
-
 # Thirty whole attaches (start-up and teardown included) take 5-10 s each on a quiet 2-core
 # machine and up to twice that on a busy one; each has its own hang guard (run_profkit's timeout),
 # so the test's own bound only has to cover thirty of them.
 @pytest.mark.timeout(900)
 def test_attach_detach_thirty_times(start_recipe: StartRecipe, tmp_path: Path) -> None:
-    recipe = start_recipe(
-        "shm_fanout.py", "--threads", "8", "--report-every", "0.1", warmup=1.0, nice=SPINNING_NICE
-    )
+    recipe = start_recipe("shm_fanout.py", "--threads", "8", "--report-every", "0.1", warmup=1.0)
     addresses = probe_addresses(recipe.pid)
     original = code_bytes(recipe.pid, addresses)
     assert original and INT3 not in original.values(), original
@@ -183,7 +174,7 @@ def test_sigint_while_the_probes_load_with_sigint_inherited_ignored(
 ) -> None:
     """A script's background job inherits SIGINT ignored: a SIGINT as the eBPF probes load still
     ends the capture at once (it was lost there, and the capture ran its whole window)."""
-    recipe = start_recipe("shm_fanout.py", "--threads", "8", nice=SPINNING_NICE)
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     process = subprocess.Popen(
         attach_command(recipe.pid, duration=60, out=out, report=False),
@@ -215,7 +206,7 @@ def test_sigint_while_the_probes_load_with_sigint_inherited_ignored(
 def test_signal_to_profkit_at_a_random_moment(
     start_recipe: StartRecipe, tmp_path: Path, sig: signal.Signals
 ) -> None:
-    recipe = start_recipe("shm_fanout.py", "--threads", "8", nice=SPINNING_NICE)
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     # A record of runs of this test's own: any profkit run cleans up after a killed one, and
     # one of another lane's tests could otherwise do it before this test's next run.
@@ -253,7 +244,7 @@ def test_signal_to_profkit_at_a_random_moment(
 def test_signal_to_a_child_tool(
     start_recipe: StartRecipe, tmp_path: Path, tool: str, sig: signal.Signals
 ) -> None:
-    recipe = start_recipe("shm_fanout.py", "--threads", "8", nice=SPINNING_NICE)
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     process = subprocess.Popen(
         attach_command(recipe.pid, duration=2.5, out=out, report=False, extra=ALL),
@@ -296,7 +287,7 @@ def test_signal_to_a_child_tool(
 
 
 def test_target_killed_mid_capture(start_recipe: StartRecipe, tmp_path: Path) -> None:
-    recipe = start_recipe("shm_fanout.py", "--threads", "8", nice=SPINNING_NICE)
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     process = _attach_background(recipe.pid, out)
     _wait_capturing(out, process)
@@ -361,7 +352,7 @@ def test_reused_pid_is_refused_at_capture(start_recipe: StartRecipe, tmp_path: P
 
 
 def test_bundle_stays_under_max_size(start_recipe: StartRecipe, tmp_path: Path) -> None:
-    recipe = start_recipe("shm_fanout.py", "--threads", "8", nice=SPINNING_NICE)
+    recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
     result = run_profkit(
         # The scheduler's slices are the bulk of a bundle; the budget may leave them out.
