@@ -415,7 +415,7 @@ def test_over_the_stop_budget_pyspy_goes_nonblocking(
     decisions = manifest["budget_decisions"]
     assert decisions and decisions[0]["action"] == "nonblocking", decisions
     # Either rule of the stop budget may come first: the share of the time stopped, or, on a
-    # loaded machine, one stop that lasts HANG_S or more (a CI run saw 1.2 s at once).
+    # loaded machine, one stop that lasts HANG_S or more (a fresh-clone run saw 1.2 s at once).
     reason = decisions[0]["reason"]
     hang = re.fullmatch(r"py-spy held the target stopped for ([\d.]+) s at once", reason)
     if hang is None:
