@@ -17,7 +17,8 @@ waits (capture windows, watch intervals, scrapes) overlap the others' work:
   and hostile tests, and the captures of the CO-RE loader's and of CPython 3.14 and 3.15;
 - the tools lane, marked `tools_lane`: the safety tests (signals, repeated attaches) and the
   live tests of what profkit does around its target and tools (many threads, mapped files and
-  names, probe points, the interpreter tables, packaging, doctor, the consumers of its outputs).
+  names, probe points, the interpreter tables, packaging, doctor, the consumers of its outputs,
+  what it keeps for the next capture).
 The lanes load two cores fully, so no test may assume the machine to itself (a leftover check
 looks at what its own tools or processes made: support.stale_uprobe_events, the serving
 front's own segments), and a rate or share a test asserts must hold on a busy machine: a recipe
@@ -60,6 +61,7 @@ TOOLS_LANE = (
     "test_native_stacks.py",
     "test_loaders_agree.py",
     "test_overhead_benchmark.py",
+    "test_bootcache.py",
 )
 
 

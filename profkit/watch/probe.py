@@ -108,7 +108,7 @@ class RegionProbe:
         release_heap()
         walker = collector.walker
         self.walker_reason = "" if self.walker_on else (walker.reason if walker else "")
-        collector.calibrate()  # once per agent: the machine does not change under it
+        collector.calibrate()  # an earlier capture's of the last hour, or made now (costs.py)
         self._counted = (collector.measured(), time.monotonic())
         time.sleep(RATE_CHECK_S)
         self.check_rate()

@@ -3,16 +3,22 @@ layouts user space reads its maps with) and the running kernel's (/sys/kernel/bt
 the object's CO-RE reads are relocated against).
 
 One pass over the type section records where each type lies and its name's offset; a type is
-decoded when it is asked for. The kernel's BTF holds some hundred thousand types, read once
-per process (kernel_btf()).
+decoded when it is asked for. The kernel's BTF holds some hundred thousand types: its index
+(where each type lies) is made once per boot and kept under the BTF's digest
+(host/bootcache.py), and the BTF read once per process (kernel_btf()).
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+import numpy as np
+
+from ...host import bootcache
 
 MAGIC = 0xEB9F
 VMLINUX = Path("/sys/kernel/btf/vmlinux")
@@ -71,7 +77,8 @@ class Field:
 
 
 class Btf:
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, index: bytes | None = None) -> None:
+        """`index`: what index() gave for these same bytes, instead of a pass over them."""
         if len(data) < _HEADER.size:
             raise BtfError("shorter than a BTF header")
         magic, _version, _flags, hdr_len, type_off, type_len, str_off, str_len = (
@@ -90,9 +97,10 @@ class Btf:
         # of a type is decoded when it is asked for.
         self._at: list[int] = [-1]
         self._name_at: list[int] = [0]
-        self._parse()
+        if index is None or not self._take(index):
+            self._parse()
         self._made: dict[int, Type] = {0: Type(0, "", 0, 0, 0)}
-        self._by_name: dict[int, list[int]] | None = None
+        self._names: np.ndarray | None = None
 
     def _parse(self) -> None:
         raw, at, end = self._types, 0, len(self._types)
@@ -108,6 +116,24 @@ class Btf:
             starts.append(at)
             names.append(name_off)
             at += _TYPE.size + fixed[kind] + per_item[kind] * (info & 0xFFFF)
+
+    def index(self) -> bytes:
+        """Where each type lies, for Btf(the same bytes, index)."""
+        return np.asarray(self._at[1:], dtype="<u4").tobytes()
+
+    def _take(self, index: bytes) -> bool:
+        """The starts an earlier pass over these bytes found (kept under their digest, by
+        root, in root's own directory: bootcache.py); False where they cannot be theirs."""
+        starts = np.frombuffer(index, dtype="<u4") if len(index) % 4 == 0 else None
+        end = len(self._types)
+        if starts is None or not len(starts) or end % 4 or starts[0] != 0 or starts[-1] >= end:
+            return False
+        if (starts % 4).any() or (np.diff(starts.astype(np.int64)) <= 0).any():
+            return False
+        words = np.frombuffer(self._types, dtype="<u4")
+        self._at += starts.tolist()
+        self._name_at += words[starts // 4].tolist()
+        return True
 
     def __len__(self) -> int:
         return len(self._at)
@@ -134,17 +160,13 @@ class Btf:
         """The ids of the types of this name (of these kinds)."""
         if not name:
             return []
-        if self._by_name is None:
-            index: dict[int, list[int]] = {}
-            for type_id, name_off in enumerate(self._name_at):
-                if name_off:
-                    index.setdefault(name_off, []).append(type_id)
-            self._by_name = index
+        if self._names is None:
+            self._names = np.asarray(self._name_at, dtype=np.int64)
         # The name's every whole occurrence in the strings (they are usually deduplicated, but
         # nothing requires it), each a 0-terminated string after another's 0.
         wanted, found, start = b"\0" + name.encode() + b"\0", [], 0
         while (at := self.strings.find(wanted, start)) >= 0:
-            found += self._by_name.get(at + 1, [])
+            found += np.flatnonzero(self._names == at + 1).tolist()
             start = at + 1
         found.sort()
         return [i for i in found if not kinds or self[i].kind in kinds]
@@ -244,6 +266,13 @@ class Btf:
 def kernel_btf() -> Btf:
     """The running kernel's BTF; BtfError (an OSError's message) where it has none."""
     try:
-        return Btf(VMLINUX.read_bytes())
+        data = VMLINUX.read_bytes()
     except OSError as exc:
         raise BtfError(f"{VMLINUX}: {exc.strerror}") from exc
+    cache = bootcache.shared()
+    name = f"btf-index-{hashlib.blake2b(data, digest_size=16).hexdigest()}"
+    kept = cache.get(name)
+    btf = Btf(data, kept)
+    if btf.index() != kept:  # none kept, or one these bytes cannot have given
+        cache.put(name, btf.index())
+    return btf

@@ -165,6 +165,14 @@ class EbpfCollector:
                 name="profkit-region-rate",
                 daemon=True,
             ).start()
+        # The scheduler's trial runs beside the region-rate check: both are moments of counting.
+        try:
+            if self._program is not None:
+                self._decide_sched(context)
+        except Exception:
+            self._judged.wait()
+            self.cleanup(wait=True)
+            raise
         self._start_ns = context.clock()
 
     def _load(self, context: CaptureContext) -> None:
@@ -225,7 +233,6 @@ class EbpfCollector:
         loaded = self._program
         if walker and self.walker is not None:
             self.walker.attach(loaded)
-        self._decide_sched(context)
         if walker and self._sample_hz:
             loaded.attach_sampler(self._sample_hz)
             self._sampling = True

@@ -16,6 +16,10 @@ dispatch. Two measurements give these:
   does to the trap, evicting the caches the trap path runs through between two regions, is
   reproduced by sweeping a buffer the size of the CPU's L2 cache between calls (warm, in a tight
   loop, a trap costs a fraction of that: docs/results/ebpf-cost.md#the-traps-calibrated).
+  A calibration is kept for the captures of the next hour (host/bootcache.py): the kernel and
+  the CPU it measures do not change while the machine runs, and each capture would otherwise
+  spend its CPU on the same answer; made again hourly, one slow calibration does not rule
+  every capture after it.
 
 Both are read as the decisions are made (policy.py): the region rate check takes each copy's
 measured cost a region, the scheduler's trial its measured cost a switch.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import platform
 import statistics
@@ -36,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ...host import mapped
+from ...host import bootcache, mapped
 from .placement.code import CALL, ENDBR, JUMP, RET, TOOL_ERRORS, disassemble, file_offset
 from .placement.code import symbol_address as code_symbol_address
 
@@ -47,6 +52,7 @@ BPF_STATS_RUN_TIME = 0
 # The calibration: calls per batch, batches per phase (their median kept).
 CALLS = 400
 BATCHES = 3
+KEPT_S = 3600.0  # how long a calibration is kept for later captures
 
 
 class _EnableStatsAttr(ctypes.Structure):
@@ -102,6 +108,9 @@ class TrapCost:
     emulated_s: float
     stepped_s: float
     how: str
+    made_unix: float = 0.0  # when the calibration was made
+    made_by_pid: int = 0  # by this process, or by an earlier capture's
+    kept: bool = False  # an earlier capture's, kept (bootcache.py)
 
     def of(self, emulated: bool) -> float:
         return self.emulated_s if emulated else self.stepped_s
@@ -111,6 +120,9 @@ class TrapCost:
             "emulated_us": round(self.emulated_s * 1e6, 3),
             "stepped_us": round(self.stepped_s * 1e6, 3),
             "how": self.how,
+            "made_unix": round(self.made_unix, 3),
+            "made_by_pid": self.made_by_pid,
+            "kept": self.kept,
         }
 
 
@@ -195,11 +207,45 @@ def calibrate(loader: str, attach: object, detach: object) -> TrapCost | None:
     where no two such instructions can be found or attached."""
     with _LOCK:
         if loader not in _cache:
-            _cache[loader] = _calibrated(attach, detach)
+            _cache[loader] = _kept(loader) or _keep(loader, _calibrated(attach, detach))
         return _cache[loader]
 
 
 _cache: dict[str, TrapCost | None] = {}
+
+
+def _kept(loader: str) -> TrapCost | None:
+    """A calibration made by an earlier capture of this boot, within the last KEPT_S."""
+    raw = bootcache.shared().get(f"traps-{loader}")
+    if not raw:
+        return None
+    try:
+        kept = json.loads(raw)
+        made, pid = float(kept["unix"]), int(kept["pid"])
+        emulated, stepped, how = float(kept["emulated_s"]), float(kept["stepped_s"]), kept["how"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    age = time.time() - made
+    if not (0 <= age < KEPT_S and 0 <= emulated < 1e-3 and 0 <= stepped < 1e-3):
+        return None
+    if not isinstance(how, str):
+        return None
+    when = time.strftime("%H:%M:%S UTC", time.gmtime(made))
+    how = f"{how}; made by pid {pid} at {when}, kept an hour for later captures"
+    return TrapCost(emulated, stepped, how, made, pid, kept=True)
+
+
+def _keep(loader: str, found: TrapCost | None) -> TrapCost | None:
+    if found is not None:
+        record = {
+            "emulated_s": found.emulated_s,
+            "stepped_s": found.stepped_s,
+            "how": found.how,
+            "unix": found.made_unix,
+            "pid": found.made_by_pid,
+        }
+        bootcache.shared().put(f"traps-{loader}", json.dumps(record).encode())
+    return found
 
 
 def _calibrated(attach: object, detach: object) -> TrapCost | None:
@@ -229,7 +275,7 @@ def _calibrated(attach: object, detach: object) -> TrapCost | None:
             f"`{points.stepped[2]}` (single-stepped), against none, each call's cost from the "
             f"thread's CPU clock, {swept >> 10} KiB (the L2 cache) swept between calls"
         )
-        found = TrapCost(max(0.0, one - off), max(0.0, both - one), how)
+        found = TrapCost(max(0.0, one - off), max(0.0, both - one), how, time.time(), os.getpid())
     finally:
         for handle in handles:
             with contextlib.suppress(Exception):
