@@ -18,7 +18,7 @@ waits (capture windows, watch intervals, scrapes) overlap the others' work:
 - the tools lane, marked `tools_lane`: the safety tests (signals, repeated attaches) and the
   live tests of what profkit does around its target and tools (many threads, mapped files and
   names, probe points, the interpreter tables, packaging, doctor, the consumers of its outputs,
-  what it keeps for the next capture).
+  what it keeps for the next capture), and the serving recipe's captures.
 The lanes load two cores fully, so no test may assume the machine to itself (a leftover check
 looks at what its own tools or processes made: support.stale_uprobe_events, the serving
 front's own segments), and a rate or share a test asserts must hold on a busy machine: a recipe
@@ -62,6 +62,7 @@ TOOLS_LANE = (
     "test_loaders_agree.py",
     "test_overhead_benchmark.py",
     "test_bootcache.py",
+    "test_serving.py",
 )
 
 

@@ -144,7 +144,7 @@ def test_a_capture_uses_the_calibration_an_earlier_one_made(
 ) -> None:
     """Two captures: the second's traps are a calibration made since the test began (the first
     capture's, or another lane's meanwhile), kept; the first says which it used."""
-    recipe = start_recipe("shm_fanout.py", "--copy", "torch", "--threads", "2")
+    recipe = start_recipe("shm_fanout.py", "--copy", "torch", "--threads", "2", "--pause-ms", "10")
     began = time.time()
     for kept in bootcache.DIRECTORY.glob("traps-core.*"):
         kept.unlink()

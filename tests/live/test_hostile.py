@@ -218,10 +218,13 @@ def test_links_planted_in_a_swapped_directory_are_never_written_through(
         assert manifest["status"] == "complete"
         assert manifest["collectors"]["proc"]["status"] == "ok"
     else:
-        # The swap came between mkdir and open: the directory is not profkit's, refused
-        # (after the note that the target has no torch).
+        # The swap came before profkit held its directory: between mkdir and open (the one it
+        # opened is not profkit's), or between the open and the check that the name still
+        # leads to what it opened. Refused either way (after the note that the target has no
+        # torch).
         assert result.returncode == EXIT_OUTPUT, result.stderr
-        assert f"owned by uid {NOBODY}" in error_line(result)
+        line = error_line(result)
+        assert f"owned by uid {NOBODY}" in line or f"{bundle} was replaced while" in line, line
 
 
 @pytest.mark.root

@@ -95,7 +95,12 @@ INT3 = 0xCC
 # so the test's own bound only has to cover thirty of them.
 @pytest.mark.timeout(900)
 def test_attach_detach_thirty_times(start_recipe: StartRecipe, tmp_path: Path) -> None:
-    recipe = start_recipe("shm_fanout.py", "--threads", "8", "--report-every", "0.1", warmup=1.0)
+    # Paced: the attaches need the pool's regions to come and go, not the machine full. A
+    # recipe that copies without a pause keeps its 8 threads on both cores for the whole test,
+    # and its attaches (and the other lanes) wait behind them.
+    recipe = start_recipe(
+        "shm_fanout.py", "--threads", "8", "--pause-ms", "10", "--report-every", "0.1", warmup=1.0
+    )
     addresses = probe_addresses(recipe.pid)
     original = code_bytes(recipe.pid, addresses)
     assert original and INT3 not in original.values(), original
