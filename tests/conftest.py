@@ -14,7 +14,8 @@ collection: it belongs in tests/live.
 waits (capture windows, watch intervals, scrapes) overlap the others' work:
 - the capture lane: the captures that attach to recipes and assert where their CPU goes;
 - the side lane, marked `side_lane` here: tests/unit, the watch agent's tests, the bad-input
-  and hostile tests, and the captures of the CO-RE loader's and of CPython 3.14 and 3.15;
+  and hostile tests, the captures of the CO-RE loader's and of CPython 3.14 and 3.15, and the
+  quota's counters;
 - the tools lane, marked `tools_lane`: the safety tests (signals, repeated attaches) and the
   live tests of what profkit does around its target and tools (many threads, mapped files and
   names, probe points, the interpreter tables, packaging, doctor, the consumers of its outputs,
@@ -45,6 +46,7 @@ SIDE_LANE = (
     "test_target_files.py",
     "test_core_loader.py",
     "test_new_pythons.py",
+    "test_quota_live.py",
 )
 TOOLS_LANE = (
     "test_safety_live.py",

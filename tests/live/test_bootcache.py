@@ -142,8 +142,9 @@ def test_a_calibration_is_kept_for_an_hour_and_only_for_its_loader(
 def test_a_capture_uses_the_calibration_an_earlier_one_made(
     start_recipe: StartRecipe, tmp_path: Path
 ) -> None:
-    """Two captures: the second's traps are a calibration made since the test began (the first
-    capture's, or another lane's meanwhile), kept; the first says which it used."""
+    """Two captures: the second's traps are a calibration made since the test began and kept
+    (the first capture's, or that of another lane's capture that calibrated at the same time:
+    the last to finish is kept)."""
     recipe = start_recipe("shm_fanout.py", "--copy", "torch", "--threads", "2", "--pause-ms", "10")
     began = time.time()
     for kept in bootcache.DIRECTORY.glob("traps-core.*"):
@@ -154,13 +155,6 @@ def test_a_capture_uses_the_calibration_an_earlier_one_made(
         assert result.returncode == 0, result.stderr
         traps.append(json.loads((tmp_path / name / "ebpf.json").read_text())["costs"]["traps"])
     first, second = traps
-    assert second["kept"] is True and second["made_unix"] >= began - 1
-    if not first["kept"]:  # the first one calibrated: the second used its calibration
-        assert (second["made_unix"], second["made_by_pid"]) == (
-            first["made_unix"],
-            first["made_by_pid"],
-        )
-        assert (second["emulated_us"], second["stepped_us"]) == (
-            first["emulated_us"],
-            first["stepped_us"],
-        )
+    assert second["kept"] is True and second["made_unix"] >= began - 1, second
+    assert second["how"].startswith("calibrated: ") and "kept an hour" in second["how"]
+    assert first["made_unix"] >= began - 1, first

@@ -99,7 +99,7 @@ def test_attach_detach_thirty_times(start_recipe: StartRecipe, tmp_path: Path) -
     # recipe that copies without a pause keeps its 8 threads on both cores for the whole test,
     # and its attaches (and the other lanes) wait behind them.
     recipe = start_recipe(
-        "shm_fanout.py", "--threads", "8", "--pause-ms", "10", "--report-every", "0.1", warmup=1.0
+        "shm_fanout.py", "--threads", "8", "--pause-ms", "50", "--report-every", "0.1", warmup=1.0
     )
     addresses = probe_addresses(recipe.pid)
     original = code_bytes(recipe.pid, addresses)
@@ -361,14 +361,21 @@ def test_reused_pid_is_refused_at_capture(start_recipe: StartRecipe, tmp_path: P
 def test_bundle_stays_under_max_size(start_recipe: StartRecipe, tmp_path: Path) -> None:
     recipe = start_recipe("shm_fanout.py", "--threads", "8")
     out = tmp_path / "b"
+    # A bound under what any capture of this target writes, however little CPU the other lanes
+    # leave it, and over what cannot be dropped: five captures of 0.3 s of the fan-out recipe
+    # (4 threads) wrote eBPF and native parts of 22-89 KB, and manifest, /proc and cgroup parts
+    # (which stay) of 9.6-9.7 KB. At 0.1 MB a target slowed by the other lanes wrote less than
+    # the bound, and nothing had to go.
+    bound_mb = 0.02
     result = run_profkit(
-        # The scheduler's slices are the bulk of a bundle; the budget may leave them out.
-        *attach_args(recipe.pid, duration=2, out=out, report=False, max_size=0.1, ebpf_sched="on"),
+        *attach_args(
+            recipe.pid, duration=2, out=out, report=False, max_size=bound_mb, ebpf_sched="on"
+        ),
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
     size = sum(p.stat().st_size for p in out.iterdir())
-    assert size <= 0.1 * 1024 * 1024, size
+    assert size <= bound_mb * 1024 * 1024, size
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dropped_for_size"]
     assert run_profkit("report", str(out)).returncode == 0
