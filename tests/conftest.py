@@ -14,12 +14,12 @@ collection: it belongs in tests/live.
 waits (capture windows, watch intervals, scrapes) overlap the others' work:
 - the capture lane: the captures that attach to recipes and assert where their CPU goes;
 - the side lane, marked `side_lane` here: tests/unit, the watch agent's tests, the bad-input
-  and hostile tests, the captures of the CO-RE loader's and of CPython 3.14 and 3.15, and the
-  quota's counters;
+  and hostile tests, and the captures of the CO-RE loader's and of CPython 3.14 and 3.15;
 - the tools lane, marked `tools_lane`: the safety tests (signals, repeated attaches) and the
   live tests of what profkit does around its target and tools (many threads, mapped files and
-  names, probe points, the interpreter tables, packaging, doctor, the consumers of its outputs,
-  what it keeps for the next capture), and the serving recipe's captures.
+  names, probe points, the interpreter tables, packaging, doctor, what it keeps for the next
+  capture), and the serving recipe's captures. The consumers of its outputs (Chromium, pprof,
+  speedscope) run in the capture lane.
 The lanes load two cores fully, so no test may assume the machine to itself (a leftover check
 looks at what its own tools or processes made: support.stale_uprobe_events, the serving
 front's own segments), and a rate or share a test asserts must hold on a busy machine: a recipe
@@ -46,7 +46,6 @@ SIDE_LANE = (
     "test_target_files.py",
     "test_core_loader.py",
     "test_new_pythons.py",
-    "test_quota_live.py",
 )
 TOOLS_LANE = (
     "test_safety_live.py",
@@ -57,7 +56,6 @@ TOOLS_LANE = (
     "test_pyruntime.py",
     "test_packaging.py",
     "test_doctor.py",
-    "test_render_consumers.py",
     "test_targets.py",
     "test_proc_sampler.py",
     "test_native_stacks.py",
