@@ -110,9 +110,14 @@ class BootCache:
         self._prune(fd)
 
     def _prune(self, fd: int) -> None:
+        """Remove the entries of other boots, and what a writer that died left half-written."""
         with contextlib.suppress(OSError):
             for entry in os.listdir(fd):
-                if not entry.startswith(".") and not entry.endswith(f".{self._boot}"):
+                if entry.startswith("."):
+                    stale = not _alive(entry.rsplit(".", 1)[-1])
+                else:
+                    stale = not entry.endswith(f".{self._boot}")
+                if stale:
                     with contextlib.suppress(OSError):
                         os.unlink(entry, dir_fd=fd)
 
@@ -120,6 +125,16 @@ class BootCache:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @lru_cache(maxsize=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,7 @@ def entry(cache: bootcache.BootCache, name: str) -> Path:
     return cache.directory / f"{name}.{bootcache.boot_id()}"
 
 
-def test_an_entry_is_kept_0600_in_a_0700_directory_and_other_boots_go(
+def test_an_entry_is_kept_0600_in_a_0700_directory_and_stale_ones_go(
     cache: bootcache.BootCache,
 ) -> None:
     cache.put("one", b"first")
@@ -42,7 +43,15 @@ def test_an_entry_is_kept_0600_in_a_0700_directory_and_other_boots_go(
     assert oct(entry(cache, "one").stat().st_mode & 0o777) == "0o600"
     earlier = cache.directory / "one.0123456789abcdef"  # an earlier boot's
     earlier.write_bytes(b"stale")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    half = cache.directory / f".one.{bootcache.boot_id()}.{gone.pid}"  # a dead writer's
+    half.write_bytes(b"half")
+    writing = cache.directory / f".two.{bootcache.boot_id()}.{os.getppid()}"  # a live one's
+    writing.write_bytes(b"")
     cache.put("two", b"second")
+    assert writing.exists()
+    writing.unlink()
     assert sorted(p.name for p in cache.directory.iterdir()) == sorted(
         [entry(cache, "one").name, entry(cache, "two").name]
     )
