@@ -83,11 +83,14 @@ def test_run_cap_threads_sets_the_pool_from_the_quota(
 ) -> None:
     from profkit.host.sandbox import quota_group
 
+    # The command says what its pool is once torch has loaded, however long that takes beside
+    # the other lanes (over the 3 s of --delay and --duration in one run): profkit leaves it
+    # running, and the pipe it writes to closes when it exits on its own.
     script = (
         "import os, time, torch\n"
         "print('ready', os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads(),"
         " flush=True)\n"
-        "time.sleep(30)\n"
+        "time.sleep(5)\n"
     )
     with quota_group(1.5) as group:
         result = subprocess.run(
@@ -106,6 +109,7 @@ def test_run_cap_threads_sets_the_pool_from_the_quota(
                 "--out",
                 str(tmp_path / "b"),
                 "--no-report",
+                "--keep-running",
                 "--",
                 sys.executable,
                 "-c",
