@@ -273,6 +273,7 @@ def kernel_btf() -> Btf:
     name = f"btf-index-{hashlib.blake2b(data, digest_size=16).hexdigest()}"
     kept = cache.get(name)
     btf = Btf(data, kept)
-    if btf.index() != kept:  # none kept, or one these bytes cannot have given
-        cache.put(name, btf.index())
+    index = btf.index()
+    if index != kept:  # none kept, or one these bytes cannot have given
+        cache.put(name, index)
     return btf
