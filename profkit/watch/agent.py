@@ -29,7 +29,7 @@ from .options import WatchOptions
 from .probe import NoProbe, RegionProbe
 from .process import ProcessWindow, WatchedProcess
 from .profiles import ProfileDirectory, Pusher, PushItem, pprof_bytes
-from .series import TargetSeries, expire, expiry_s
+from .series import CgroupReadings, TargetSeries, expire, expiry_s
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -145,7 +145,9 @@ class Agent:
         now_unix = time.time()
         windows = self._close_windows()
         # Read right after the processes, before discovery (which may compile probes for
-        # seconds), so that both close at the time the counters are stamped with.
+        # seconds). The cgroup counters carry the time they were read at, not now_unix: on a
+        # loaded machine the processes' windows can take a quarter of a second to close, which
+        # is more than two enforcement periods of 100 ms.
         cgroups = {labels: self._cgroups(items) for labels, items in windows.items()}
         self._discover()
         with self.collector.lock:
@@ -153,16 +155,15 @@ class Agent:
         for series in updated:
             self._emit_profile(series, now_unix)
 
-    def _cgroups(
-        self, items: list[tuple[WatchedProcess, ProcessWindow]]
-    ) -> dict[Path, tuple[CgroupCpu, CpuStat]]:
+    def _cgroups(self, items: list[tuple[WatchedProcess, ProcessWindow]]) -> CgroupReadings:
         groups: dict[Path, tuple[CgroupCpu, CpuStat]] = {}
+        began = time.time()
         for watched, _ in items:
             with contextlib.suppress(CgroupError, OSError):
                 cg = cpu_cgroup(watched.pid)
                 if cg.stat_directory not in groups:
                     groups[cg.stat_directory] = (cg, read_cpu_stat(cg))
-        return groups
+        return CgroupReadings(groups, (began + time.time()) / 2)
 
     def _close_windows(self) -> dict[tuple[str, ...], list[tuple[WatchedProcess, ProcessWindow]]]:
         grouped: dict[tuple[str, ...], list[tuple[WatchedProcess, ProcessWindow]]] = {}
@@ -290,14 +291,15 @@ class Agent:
     def _update(
         self,
         grouped: dict[tuple[str, ...], list[tuple[WatchedProcess, ProcessWindow]]],
-        cgroups: dict[tuple[str, ...], dict[Path, tuple[CgroupCpu, CpuStat]]],
+        cgroups: dict[tuple[str, ...], CgroupReadings],
         now_unix: float,
     ) -> list[TargetSeries]:
         updated = []
         for labels, items in grouped.items():
             series = self.series.setdefault(labels, TargetSeries(labels))
             cpus = max(w.target.cpus_allowed for w, _ in items)
-            series.add([w for _, w in items], cgroups[labels], cpus, now_unix)
+            read = cgroups[labels]
+            series.add([w for _, w in items], read.groups, cpus, now_unix, read.unix)
             updated.append(series)
         live = {labels for _, labels in self.processes.values()}
         after_s = self.options.expire_s or expiry_s(self.options.interval_s)

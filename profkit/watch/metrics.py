@@ -148,9 +148,10 @@ class WatchCollector(Collector):
                 site_labels = [*labels, runtime, shown(name), shown(op)]
                 site.add_metric(site_labels, value, timestamp=ts)
             if s._baselines or s.periods:
-                periods.add_metric(labels, s.periods, timestamp=ts)
-                throttled.add_metric(labels, s.throttled_periods, timestamp=ts)
-                throttled_s.add_metric(labels, s.throttled_seconds, timestamp=ts)
+                read = s.cgroup_updated_unix or ts
+                periods.add_metric(labels, s.periods, timestamp=read)
+                throttled.add_metric(labels, s.throttled_periods, timestamp=read)
+                throttled_s.add_metric(labels, s.throttled_seconds, timestamp=read)
             if not s.live:
                 continue  # gauges describe running processes only
             for runtime, team in s.pool_threads.items():

@@ -36,6 +36,14 @@ EXPIRE_MIN_S = 60.0
 
 
 @dataclass(frozen=True)
+class CgroupReadings:
+    """A target's cgroups' cpu.stat, read together at `unix` (the middle of the reads)."""
+
+    groups: dict[Path, tuple[CgroupCpu, CpuStat]]
+    unix: float
+
+
+@dataclass(frozen=True)
 class CgroupDelta:
     periods: int
     throttled_periods: int
@@ -92,6 +100,7 @@ class TargetSeries:
     findings: dict[str, tuple[str, int]] = field(default_factory=dict)
     active: list[Finding] = field(default_factory=list)
     updated_unix: float = 0.0
+    cgroup_updated_unix: float = 0.0  # when its cgroup counters were read
     live: bool = False
     last: WindowSummary | None = None
     profile: dict[tuple[str, ...], float] = field(default_factory=dict)
@@ -143,7 +152,10 @@ class TargetSeries:
         groups: dict[Path, tuple[CgroupCpu, CpuStat]],
         cpus_allowed: int,
         now_unix: float,
+        cgroup_unix: float | None = None,
     ) -> None:
+        """One window of the target's processes, closed at now_unix, and its cgroups' counters,
+        read at cgroup_unix (now_unix where not given)."""
         seconds = max((w.seconds for w in windows), default=0.0)
         self.process_cpu += sum(w.process_cpu for w in windows)
         self.python_cpu += sum(w.python_cpu for w in windows)
@@ -207,6 +219,7 @@ class TargetSeries:
             previous = self.findings.get(finding_id, (DEFAULT_SEVERITY[finding_id], 0))[0]
             self.findings[finding_id] = (held.severity, 1) if held else (previous, 0)
         self.updated_unix = now_unix
+        self.cgroup_updated_unix = now_unix if cgroup_unix is None else cgroup_unix
         self.live = True
         self.profile, self.profile_seconds = merged_profile(windows, sites, stacks, teams), seconds
         self.last = WindowSummary(

@@ -4,10 +4,12 @@ site="other"."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from profkit.bundle.frames import Frame
+from profkit.host.cgroup import CgroupCpu, CpuStat
 from profkit.watch.metrics import AgentCounters, Snapshot, WatchCollector
 from profkit.watch.process import ProcessWindow, SiteKey
 from profkit.watch.series import OTHER_SITE, TOP_SITES, TargetSeries
@@ -92,3 +94,23 @@ def test_a_window_the_probe_became_ready_in_gives_sites_only_its_rest() -> None:
     assert split[two] == pytest.approx(0.1)
     assert split[SiteKey(None, row=UNKNOWN_SITE)] == pytest.approx(0.9)
     assert split_pool_cpu(1.0, {two: 2e6}, 1.0) == {two: 1.0}
+
+
+def test_cgroup_counters_carry_the_time_cpu_stat_was_read() -> None:
+    """The process counters are stamped with the window's close, the cgroup counters with
+    their own read: on a loaded machine the two are periods apart, and a rate over the
+    scraped samples must line up with the kernel's counter at the time it was read."""
+    series = TargetSeries(("t", "", "", ""))
+    key = SiteKey(Frame("app.py", "f", 7), "aten::copy_")
+    group = CgroupCpu("v2", "/t", Path("/sys/fs/cgroup/t"), ())
+    for closed, read, periods in ((100.0, 100.3, 10), (101.0, 101.25, 20)):
+        stat = CpuStat(periods, periods // 2, 0, 0, None, None)
+        series.add([window({key: 0.2})], {group.directory: (group, stat)}, 4, closed, read)
+    collector = WatchCollector()
+    collector.publish(Snapshot((series,), AgentCounters()))
+    stamps = {
+        s.name: (s.value, s.timestamp) for m in collector.collect() for s in m.samples if s.labels
+    }
+    assert stamps["profkit_cgroup_cpu_periods_total"] == (10, 101.25)
+    assert stamps["profkit_cgroup_cpu_throttled_periods_total"] == (5, 101.25)
+    assert stamps["profkit_process_cpu_seconds_total"][1] == 101.0
