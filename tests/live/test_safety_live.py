@@ -26,6 +26,10 @@ from .conftest import StartRecipe
 
 pytestmark = pytest.mark.root
 ALL = ("--collectors", "all")
+# The fan-out recipe paced: tests of what a signal or an exit does to a capture need the pool's
+# regions to come and go, not the machine full. Unpaced, its 8 threads hold both cores for the
+# whole test, and the other lanes wait behind them.
+PACED = ("shm_fanout.py", "--threads", "8", "--pause-ms", "50")
 
 
 def states(pid: int) -> set[str]:
@@ -95,12 +99,7 @@ INT3 = 0xCC
 # so the test's own bound only has to cover thirty of them.
 @pytest.mark.timeout(900)
 def test_attach_detach_thirty_times(start_recipe: StartRecipe, tmp_path: Path) -> None:
-    # Paced: the attaches need the pool's regions to come and go, not the machine full. A
-    # recipe that copies without a pause keeps its 8 threads on both cores for the whole test,
-    # and its attaches (and the other lanes) wait behind them.
-    recipe = start_recipe(
-        "shm_fanout.py", "--threads", "8", "--pause-ms", "50", "--report-every", "0.1", warmup=1.0
-    )
+    recipe = start_recipe(*PACED, "--report-every", "0.1", warmup=1.0)
     addresses = probe_addresses(recipe.pid)
     original = code_bytes(recipe.pid, addresses)
     assert original and INT3 not in original.values(), original
@@ -181,7 +180,7 @@ def test_sigint_while_the_probes_load_with_sigint_inherited_ignored(
 ) -> None:
     """A script's background job inherits SIGINT ignored: a SIGINT as the eBPF probes load still
     ends the capture at once (it was lost there, and the capture ran its whole window)."""
-    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    recipe = start_recipe(*PACED)
     out = tmp_path / "b"
     process = subprocess.Popen(
         attach_command(recipe.pid, duration=60, out=out, report=False),
@@ -213,7 +212,7 @@ def test_sigint_while_the_probes_load_with_sigint_inherited_ignored(
 def test_signal_to_profkit_at_a_random_moment(
     start_recipe: StartRecipe, tmp_path: Path, sig: signal.Signals
 ) -> None:
-    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    recipe = start_recipe(*PACED)
     out = tmp_path / "b"
     # A record of runs of this test's own: any profkit run cleans up after a killed one, and
     # one of another lane's tests could otherwise do it before this test's next run.
@@ -251,7 +250,7 @@ def test_signal_to_profkit_at_a_random_moment(
 def test_signal_to_a_child_tool(
     start_recipe: StartRecipe, tmp_path: Path, tool: str, sig: signal.Signals
 ) -> None:
-    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    recipe = start_recipe(*PACED)
     out = tmp_path / "b"
     process = subprocess.Popen(
         attach_command(recipe.pid, duration=2.5, out=out, report=False, extra=ALL),
@@ -294,7 +293,7 @@ def test_signal_to_a_child_tool(
 
 
 def test_target_killed_mid_capture(start_recipe: StartRecipe, tmp_path: Path) -> None:
-    recipe = start_recipe("shm_fanout.py", "--threads", "8")
+    recipe = start_recipe(*PACED)
     out = tmp_path / "b"
     process = _attach_background(recipe.pid, out)
     _wait_capturing(out, process)
