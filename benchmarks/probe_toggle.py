@@ -131,20 +131,25 @@ def process_cpu_ns(pid: int) -> int:
 class Probes:
     """The region program and a traps-only program, loaded once; their uprobes come and go."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, layouts: list[str]) -> None:
         bcc = load_bcc()
         self.pid, self.path = pid, libgomp_of(pid)
         entry, end = entry_point(self.path, "GOMP_parallel"), gomp_region_end(self.path)
         if entry is None or end is None:
             raise SystemExit(f"no emulated entry and end points in {self.path}")
         self.entry, self.end = entry.address, end.address
-        self.programs: dict[str, BpfProgram] = {
-            "regions": load_region_program(bcc, self.path, walker=True, pid=pid),
-            "traps": bcc.BPF(text=TRAPS_ONLY),
-            "native": load_region_program(
+        # Only the programs the layouts use are compiled (bcc compiles each for seconds): the
+        # region program always, for its entry count.
+        used = {"regions"} | {LAYOUTS[layout][0] for layout in layouts if LAYOUTS[layout][0]}
+        used |= {ON_CPU_SAMPLERS[layout] for layout in layouts if layout in ON_CPU_SAMPLERS}
+        compile_one: dict[str, Callable[[], BpfProgram]] = {
+            "regions": lambda: load_region_program(bcc, self.path, walker=True, pid=pid),
+            "traps": lambda: bcc.BPF(text=TRAPS_ONLY),
+            "native": lambda: load_region_program(
                 bcc, self.path, walker=True, pid=pid, native_stacks=NATIVE_STACK_ENTRIES
             ),
         }
+        self.programs: dict[str, BpfProgram] = {name: compile_one[name]() for name in used}
         self._bcc = bcc
         self._sampling: BpfProgram | None = None
         self.switching = Switching(self)
@@ -411,13 +416,18 @@ def record_traps(probes: Probes, layout: str, seconds: float, hz: int, data: str
     try:
         time.sleep(SETTLE_S)
         before, start = probes.regions(), time.monotonic()
-        record = ["perf", "record", "-q", "-a", "-g", "-F", str(hz), "-o", data]
+        # --no-buildid-cache: perf would otherwise copy every library it sampled (libtorch, some
+        # 470 MB) into root's ~/.debug, once per install it meets.
+        record = ["perf", "record", "-q", "--no-buildid-cache", "-a", "-g", "-F", str(hz)]
+        record += ["-o", data]
         subprocess.run([*record, "--", "sleep", str(seconds)], check=True)
         found = Trapped(seconds=time.monotonic() - start, regions=probes.regions() - before)
     finally:
         probes.detach(layout)
     script = subprocess.run(
-        ["perf", "script", "-i", data, "-F", "pid,tid,ip,sym"],
+        # The trap path is the kernel's: libtorch's C++ names need no demangling, which was
+        # most of the pass's time.
+        ["perf", "script", "--no-demangle", "-i", data, "-F", "pid,tid,ip,sym"],
         capture_output=True,
         text=True,
         check=True,
@@ -462,8 +472,10 @@ def main() -> int:
     if args.perf and not all(LAYOUTS[layout][0] for layout in layouts if layout != "aa"):
         raise SystemExit("--perf profiles the probe layouts only")
     with running(args.target, args.threads) as (pid, progress):
-        time.sleep(args.warmup)
-        probes = Probes(pid)
+        # The programs compile during the target's warm-up, which lasts at least --warmup.
+        warm_until = time.monotonic() + args.warmup
+        probes = Probes(pid, layouts)
+        time.sleep(max(0.0, warm_until - time.monotonic()))
         if args.perf:
             try:
                 trap_profile(probes, layouts, args.perf, args.rounds)

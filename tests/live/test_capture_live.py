@@ -673,7 +673,9 @@ def test_fast_demangling_names_every_frame_as_perf_does(
         pytest.skip("perf or c++filt is not installed")
     recipe = start_recipe("shm_fanout.py", "--copy", "torch", "--threads", "4")
     data = tmp_path / "perf.data"
-    record = [perf, "record", "-q", "-a", "-F", "99", "-g", "-o", str(data), "--", "sleep", "2"]
+    # No build-id cache: it would copy libtorch into root's ~/.debug on every fresh install.
+    record = [perf, "record", "-q", "--no-buildid-cache", "-a", "-F", "99", "-g", "-o", str(data)]
+    record += ["--", "sleep", "2"]
     subprocess.run(record, check=True, capture_output=True)
 
     def script(*extra: str) -> dict:
