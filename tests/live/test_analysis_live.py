@@ -8,13 +8,16 @@ from pathlib import Path
 import pytest
 
 from ..support import RECIPES, run_profkit
-from .conftest import StartRecipe, attach
+from .conftest import Recipe, StartRecipe, attach
 
 pytestmark = pytest.mark.root
 
 
-def profile(pid: int, out: Path, *extra: str, duration: float = 5.0) -> dict:
-    captured = attach(pid, out, *extra, duration=duration)
+def profile(recipe: Recipe, out: Path, *extra: str, duration: float = 5.0) -> dict:
+    captured = attach(recipe.pid, out, *extra, duration=duration)
+    # The report reads only the bundle: the recipe, which would keep both cores busy through
+    # it, is stopped first.
+    recipe.stop()
     assert captured.returncode == 0, captured.stderr
     reported = run_profkit("report", str(out), "--format", "json")
     assert reported.returncode == 0, reported.stderr
@@ -34,7 +37,7 @@ def test_fanout_in_half_a_core(start_recipe: StartRecipe, tmp_path: Path) -> Non
     recipe = start_recipe(
         "shm_fanout.py", "--copy", "torch", "--threads", "8", cores=0.5, warmup=1.0
     )
-    report = profile(recipe.pid, tmp_path / "b", duration=8.0)
+    report = profile(recipe, tmp_path / "b", duration=8.0)
     # Default settings: the eBPF walker reads the stack of every region, in the quota too.
     pool = report["pools"][0]
     assert pool["regions_with_stack"] >= 0.99 * pool["regions"] > 0, pool
@@ -68,7 +71,7 @@ def test_no_fanout_finding_without_fanout(
     start_recipe: StartRecipe, tmp_path: Path, args: tuple[str, ...]
 ) -> None:
     recipe = start_recipe("shm_fanout.py", *args, warmup=1.0)
-    report = profile(recipe.pid, tmp_path / "b", duration=4.0)
+    report = profile(recipe, tmp_path / "b", duration=4.0)
     assert "cpu-fanout" not in by_id(report), report["findings"]
     cpu = report["cpu"]
     assert cpu["closure_pct"] <= 3.0
@@ -78,7 +81,7 @@ def test_two_call_sites_are_told_apart(start_recipe: StartRecipe, tmp_path: Path
     recipe = start_recipe("two_sites.py", "--threads", "8", warmup=1.0)
     # Default settings: the eBPF walker reads each region's Python stack, so no sampling rate
     # decides whether the site is found.
-    report = profile(recipe.pid, tmp_path / "b", duration=6.0)
+    report = profile(recipe, tmp_path / "b", duration=6.0)
     rows = [row for row in report["attribution"] if row["pool"] == "openmp"]
     assert rows, report["attribution_notes"]
     shares = {row["function"]: row["share"] for row in rows}
@@ -92,7 +95,7 @@ def test_two_call_sites_without_the_scheduler_traced(
 ) -> None:
     # What a busy machine gets: region uprobes, but no sched tracepoints (weights by length).
     recipe = start_recipe("two_sites.py", "--threads", "8", warmup=1.0)
-    report = profile(recipe.pid, tmp_path / "b", "--ebpf-sched", "off", duration=6.0)
+    report = profile(recipe, tmp_path / "b", "--ebpf-sched", "off", duration=6.0)
     ebpf = json.loads((tmp_path / "b" / "ebpf.json").read_text())
     assert ebpf["sched"]["traced"] is False and ebpf["regions"]["tid"]
     assert not any("sched:" in a for a in ebpf["attached"]), ebpf["attached"]
@@ -111,7 +114,7 @@ def test_without_native_frames_or_region_probes_the_report_says_why_no_site(
     """What a machine without bcc gets where --native costs more than the budget allows."""
     recipe = start_recipe("shm_fanout.py", "--threads", "8", warmup=1.0)
     report = profile(
-        recipe.pid,
+        recipe,
         tmp_path / "b",
         "--collectors",
         "proc,cgroup,pyspy",

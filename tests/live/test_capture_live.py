@@ -261,6 +261,7 @@ def test_capture_without_bcc_says_why(start_recipe: StartRecipe, tmp_path: Path)
     # Neither loader: bcc turned off, and a kernel without BTF for the CO-RE object.
     env = {"PROFKIT_DISABLE_BCC": "1"}
     result = attach(recipe.pid, tmp_path / "b", env=env, duration=2, hide=NO_BTF)
+    recipe.stop()  # what follows reads the bundle only
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "b/manifest.json").read_text())
     ebpf = manifest["collectors"]["ebpf"]
@@ -677,6 +678,7 @@ def test_fast_demangling_names_every_frame_as_perf_does(
     record = [perf, "record", "-q", "--no-buildid-cache", "-a", "-F", "99", "-g", "-o", str(data)]
     record += ["--", "sleep", "2"]
     subprocess.run(record, check=True, capture_output=True)
+    recipe.stop()  # perf script reads what was recorded, and the libraries' files
 
     def script(*extra: str) -> dict:
         fields = ["--no-inline", "--pid", str(recipe.pid), "-F", "tid,time,period,ip,sym,dso"]

@@ -96,6 +96,7 @@ def test_three_sites_exact_on_core_without_headers_bcc_or_perf(
         "-o",
         str(out),
     )
+    recipe.stop()  # what follows reads the bundle only
     assert captured.returncode == 0, captured.stderr
     ebpf = json.loads((out / "ebpf.json").read_text())
     assert ebpf["loader"]["name"] == "core", ebpf["loader"]
@@ -126,6 +127,7 @@ def test_three_sites_sampled_on_core_without_headers_bcc_or_perf(
         # that part place the pool): the workers' samples are what is tested here.
         *("--budget", "0.01", "--no-report", "-o", str(out)),
     )
+    recipe.stop()  # what follows reads the bundle only
     assert captured.returncode == 0, captured.stderr
     ebpf = json.loads((out / "ebpf.json").read_text())
     assert ebpf["loader"]["name"] == "core", ebpf["loader"]

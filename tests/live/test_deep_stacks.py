@@ -63,6 +63,7 @@ def test_sentence_encoder_keeps_its_root_and_names_the_scripts_line(
     recipe = start_recipe("encoder.py", "--weights", "packaged", "--threads", "4", warmup=2.0)
     out = tmp_path / "b"
     captured = attach(recipe.pid, out, duration=5.0)
+    recipe.stop()  # what follows reads the bundle only
     assert captured.returncode == 0, captured.stderr
     assert_nothing_cut(out)
     bundle = load_bundle(out)
@@ -96,6 +97,7 @@ def test_encoder_behind_a_web_handler(start_recipe: StartRecipe, tmp_path: Path)
     assert match, recipe.output
     out = tmp_path / "b"
     captured = attach(recipe.pid, out, duration=5.0)
+    recipe.stop()  # what follows reads the bundle only
     assert captured.returncode == 0, captured.stderr
     assert_nothing_cut(out)
     bundle = load_bundle(out)
@@ -117,6 +119,7 @@ def test_nested_modules_and_named_threads(start_recipe: StartRecipe, tmp_path: P
     call_line = int(found[1])
     out = tmp_path / "b"
     captured = attach(recipe.pid, out, duration=4.0)
+    recipe.stop()  # what follows reads the bundle only
     assert captured.returncode == 0, captured.stderr
     assert_nothing_cut(out)
     bundle = load_bundle(out)
@@ -147,6 +150,7 @@ def test_a_stack_past_the_bound_is_cut_under_truncated(
     recipe = start_recipe("deep.py", "--modules", "2", "--recurse", "400", "--named", "1")
     out = tmp_path / "b"
     captured = attach(recipe.pid, out, duration=3.0)
+    recipe.stop()  # what follows reads the bundle only
     assert captured.returncode == 0, captured.stderr
     python = json.loads((out / "ebpf.json").read_text())["python"]
     assert python["counts"]["truncated"] > 0, python["counts"]

@@ -128,6 +128,7 @@ def test_sites_at_5000_regions_a_second(start_recipe: StartRecipe, tmp_path: Pat
         # A busy machine gives the pool less CPU, and the sampler fewer samples of it: the next
         # window is sized from the samples this one got.
         duration = min(40.0, 1.3 * duration * SAMPLES_FOR_3_POINTS_AT_3_SE / max(samples, 1))
+    recipe.stop()  # what follows reads the bundle only
     assert samples >= SAMPLES_FOR_3_POINTS_AT_3_SE, (samples, duration)
     assert sampled is not None
     shares = {s.site.function: s.share for s in sampled.sites}
@@ -187,6 +188,7 @@ def test_sentence_encoder_in_a_half_core_quota(start_recipe: StartRecipe, tmp_pa
     assert "weights=packaged" in recipe.output, recipe.output
     out = tmp_path / "b"
     captured = attach(recipe.pid, out, duration=8.0)
+    recipe.stop()  # what follows reads the bundle only
     assert captured.returncode == 0, captured.stderr
     report = report_of(out)
     rows = [r for r in report["attribution"] if r["pool"] == "openmp"]

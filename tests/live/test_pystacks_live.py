@@ -157,6 +157,7 @@ def test_three_sites_at_default_settings(
 ) -> None:
     recipe = start_recipe("sites.py", "--pool", "torch", "--threads", "4", warmup=1.0)
     captured = attach(recipe.pid, tmp_path / "b", "--ebpf-loader", loader, duration=5.0)
+    recipe.stop()  # what follows reads the bundle only
     assert captured.returncode == 0, captured.stderr
     assert loaded_by(tmp_path / "b") == loader
     report = report_of(tmp_path / "b")
@@ -227,6 +228,7 @@ def test_three_sites_with_the_probes_switched(start_recipe: StartRecipe, tmp_pat
     captured = attach(
         recipe.pid, out, "--budget", f"{budget:.4g}", "--ebpf-sched", "on", duration=duration
     )
+    recipe.stop()  # what follows reads the bundle only
     assert captured.returncode == 0, captured.stderr
     ebpf = json.loads((out / "ebpf.json").read_text())
     decision = ebpf["regions_decision"]
@@ -383,6 +385,7 @@ def test_without_ebpf_the_pool_gets_a_site_or_the_command_that_gives_one(
 
     flags = command.split("--pid", 1)[1].split()[1:]  # the command's own flags, as printed
     second = attach(recipe.pid, tmp_path / "b", *flags, env=env, duration=6.0, hide=NO_BTF)
+    recipe.stop()  # what follows reads the bundle only
     assert second.returncode == 0, second.stderr
     report = report_of(tmp_path / "b")
     note = next(n for n in report["attribution_notes"] if n["pool"] == "openmp")
