@@ -104,11 +104,15 @@ def test_sites_at_5000_regions_a_second(start_recipe: StartRecipe, tmp_path: Pat
     slept through the pause: recipes/sites.py --shuffle), the truth is 1:2:3. The workers'
     samples split the pool's CPU within 0.03 of it, and at default settings the report finds
     every site, by the regions of the probes' on-times or by the samples."""
+    # Ahead of the other lanes' processes (niceness -10), as the test above: the samples come
+    # from the pool's CPU, and beside two busy cores a fresh-clone run got 2 144 of the 2 500
+    # they need in the longest window (40 s).
     recipe = start_recipe(
         "sites.py",
         *("--pool", "torch", "--threads", "4", "--mb", "0.25", "--rounds-per-s", "833"),
         "--shuffle",
         warmup=1.0,
+        nice=-10,
     )
     duration, samples = 6.0, 0
     for attempt in range(3):
