@@ -416,8 +416,8 @@ def record_traps(probes: Probes, layout: str, seconds: float, hz: int, data: str
     try:
         time.sleep(SETTLE_S)
         before, start = probes.regions(), time.monotonic()
-        # --no-buildid-cache: perf would otherwise copy every library it sampled (libtorch, some
-        # 470 MB) into root's ~/.debug, once per install it meets.
+        # --no-buildid-cache: perf would otherwise copy every library it sampled (libtorch among
+        # them) into root's ~/.debug, once per install it meets.
         record = ["perf", "record", "-q", "--no-buildid-cache", "-a", "-g", "-F", str(hz)]
         record += ["-o", data]
         subprocess.run([*record, "--", "sleep", str(seconds)], check=True)

@@ -80,7 +80,7 @@ make_venv() {
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     say "installing profkit[dev] into $VENV"
     # pip compiles what it installs on one core (torch alone is thousands of modules); here
-    # the compile runs on every core after it: 94 s of install became 48 s and 30 s.
+    # the compile runs on every core after it (docs/results/test-suite.md).
     "$VENV/bin/pip" install -q --no-compile --disable-pip-version-check -e '.[dev]'
     local site
     site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

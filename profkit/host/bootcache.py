@@ -128,12 +128,13 @@ class BootCache:
 
 
 def _alive(pid: str) -> bool:
+    """Whether a process with this pid exists (one of another user's too)."""
     try:
         os.kill(int(pid), 0)
     except (ValueError, ProcessLookupError):
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 

@@ -146,8 +146,8 @@ class Agent:
         windows = self._close_windows()
         # Read right after the processes, before discovery (which may compile probes for
         # seconds). The cgroup counters carry the time they were read at, not now_unix: on a
-        # loaded machine the processes' windows can take a quarter of a second to close, which
-        # is more than two enforcement periods of 100 ms.
+        # loaded machine the processes' windows can take long enough to close that a period
+        # or more of the cgroup's elapses in between.
         cgroups = {labels: self._cgroups(items) for labels, items in windows.items()}
         self._discover()
         with self.collector.lock:
